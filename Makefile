@@ -1,0 +1,41 @@
+# hvtrace: the two commands a fresh machine needs are `make demo` and `make test`.
+# Both set everything up on first use (.venv, torch CPU, Horovod 0.28.1 with PyTorch + Gloo,
+# hvtrace itself) and reuse it afterwards.
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.hvtrace-setup
+NP     ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint unit bench samples clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+## demo: trace a real 2-rank horovodrun --gloo training of the built-in model, then report on it
+demo: setup
+	NP=$(NP) bash scripts/demo.sh
+
+## test: lint, then the whole test suite (unit + real horovodrun integration tests)
+test: setup
+	$(VENV)/bin/ruff check hvtrace dashboard tests bench scripts examples
+	$(VENV)/bin/ruff format --check hvtrace dashboard tests bench scripts examples
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check hvtrace dashboard tests bench scripts examples
+	$(VENV)/bin/ruff format --check hvtrace dashboard tests bench scripts examples
+
+bench: setup
+	$(PY) bench/format_bench.py
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf runs build .pytest_cache

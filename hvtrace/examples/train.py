@@ -1,0 +1,163 @@
+"""The built-in demo: a synthetic-data MLP trained with Horovod, traced by hvtrace.
+
+Run it under Horovod, for example::
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m hvtrace.examples.train --trace-dir runs/demo
+
+Everything is deterministic for a given ``--seed``: each rank draws its batches from its own
+seeded generator, so a traced and an untraced run end with identical parameters. Options inject a
+known slowdown on one rank (``--slow-rank``) and exercise Horovod's options (``--bpps``,
+``--fp16``, ``--clip``, ``--groups``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import hvtrace
+
+
+class MLP(nn.Module):
+    """``layers`` Linear+ReLU blocks of ``width`` units and a 10-way classifier head."""
+
+    def __init__(self, width: int = 1024, layers: int = 6, in_dim: int = 256) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        d = in_dim
+        for _ in range(layers):
+            blocks += [nn.Linear(d, width), nn.ReLU()]
+            d = width
+        blocks.append(nn.Linear(d, 10))
+        self.net = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SlowForward(nn.Module):
+    """Wraps a model and sleeps ``delay_s`` inside its forward (an injected straggler)."""
+
+    def __init__(self, inner: nn.Module, delay_s: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return self.inner(x)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--trace-dir", default=None, help="hvtrace trace directory (else $HVTRACE_DIR)")
+    p.add_argument("--no-trace", action="store_true", help="use hvd.DistributedOptimizer as is")
+    p.add_argument("--no-model-hooks", action="store_true", help="do not pass model= to hvtrace")
+    p.add_argument("--slow-rank", type=int, default=-1, help="rank to slow down")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="delay added on --slow-rank")
+    p.add_argument("--slow-phase", choices=["forward", "input", "update"], default="forward")
+    p.add_argument("--bpps", type=int, default=1, help="backward_passes_per_step")
+    p.add_argument("--fp16", action="store_true", help="hvd.Compression.fp16")
+    p.add_argument(
+        "--clip",
+        action="store_true",
+        help="synchronize(); clip_grad_norm_; with skip_synchronize(): step()",
+    )
+    p.add_argument("--groups", type=int, default=0, help="Horovod groups= (0: none)")
+    p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
+    p.add_argument("--step-times", default=None, help="write this rank's step times (s) as JSON")
+    p.add_argument("--no-finish", action="store_true", help="skip hvtrace.finish()")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import horovod.torch as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    core = MLP(args.width, args.layers)
+    slow = rank == args.slow_rank and args.slow_ms > 0
+    model: nn.Module = (
+        SlowForward(core, args.slow_ms / 1e3) if slow and args.slow_phase == "forward" else core
+    )
+    base = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    kwargs = dict(
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=args.bpps,
+        compression=hvd.Compression.fp16 if args.fp16 else hvd.Compression.none,
+    )
+    if args.groups:
+        kwargs["groups"] = args.groups
+    if args.no_trace:
+        opt = hvd.DistributedOptimizer(base, **kwargs)
+    else:
+        opt = hvtrace.DistributedOptimizer(
+            base,
+            trace_dir=args.trace_dir,
+            model=None if args.no_model_hooks else model,
+            **kwargs,
+        )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    w_true = torch.randn(256, 10, generator=torch.Generator().manual_seed(args.seed))
+    loss_fn = nn.CrossEntropyLoss()
+    step_times: list[float] = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        for _ in range(args.bpps):
+            with hvtrace.span("data"):
+                x = torch.randn(args.batch_size, 256, generator=gen)
+                y = (x @ w_true).argmax(dim=1)
+                if slow and args.slow_phase == "input":
+                    time.sleep(args.slow_ms / 1e3)
+            loss = loss_fn(model(x), y) / args.bpps
+            loss.backward()
+        if args.clip:
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        if slow and args.slow_phase == "update":
+            time.sleep(args.slow_ms / 1e3)
+        hvtrace.scalar("loss", float(loss.detach()))
+        step_times.append(time.perf_counter() - t0)
+    if not args.no_finish:
+        hvtrace.finish()
+    if args.step_times:
+        Path(args.step_times).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.step_times).write_text(json.dumps({"rank": rank, "step_s": step_times}))
+    if args.save_params and rank == 0:
+        Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().clone() for k, v in core.state_dict().items()}, args.save_params)
+    if rank == 0:
+        med = sorted(step_times)[len(step_times) // 2] if step_times else float("nan")
+        print(
+            f"rank 0: {args.steps} steps, median step {med * 1e3:.1f} ms, final loss "
+            f"{float(loss.detach()):.4f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""``hvtrace info``: what each rank recorded, and where the files are."""
+
+from __future__ import annotations
+
+from hvtrace.load import Run
+
+
+def format_info(run: Run) -> str:
+    """Return a plain-text summary of a run: one line per rank, then problems and clock note."""
+    lines = [f"run {run.run_id}: {run.size} rank(s), directory {run.run_dir}"]
+    counts = run.spans.groupby(["rank", "kind"], observed=True).size()
+    steps = run.spans[run.spans["kind"] == "step"].groupby("rank").size()
+    lines.append(
+        f"{'rank':>4} {'host':<14} {'steps':>6} {'spans':>8} {'allreduce':>9} "
+        f"{'B/span':>6} {'state':<10} file"
+    )
+    for r in run.ranks:
+        f = run.files[r]
+        size_b = f.path.stat().st_size
+        n_ar = int(counts.get((r, "allreduce"), 0))
+        state = "truncated" if f.truncated else ("complete" if f.complete else "unclosed")
+        lines.append(
+            f"{r:>4} {str(f.header.get('host', '?'))[:14]:<14} {int(steps.get(r, 0)):>6} "
+            f"{f.spans:>8} {n_ar:>9} {size_b / max(f.spans, 1):>6.1f} {state:<10} {f.path}"
+        )
+    kinds = run.spans["kind"].value_counts()
+    lines.append("spans by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.items() if n))
+    h0 = run.files[run.ranks[0]].header
+    lines.append(
+        f"timing: {h0.get('timing')} on {h0.get('device')}; torch {h0.get('torch_version')}, "
+        f"horovod {h0.get('horovod_version')}"
+    )
+    lines.append(run.clock_summary())
+    for p in run.problems:
+        lines.append(f"warning: {p}")
+    return "\n".join(lines)

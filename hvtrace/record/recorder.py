@@ -1,0 +1,284 @@
+"""Per-rank recorder: the append-only buffer that the hot path writes spans into.
+
+``Recorder.add`` appends one tuple to a bounded deque (thread-safe without locks: autograd hooks
+may run on other threads). When the buffer is full the span is dropped and counted, never waited
+for. The background writer drains the buffer; any failure disables the recorder with one warning.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import math
+import os
+import threading
+import warnings
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hvtrace.clock import ClockEstimate
+from hvtrace.record.timers import HostTimer, monotonic_ns
+from hvtrace.record.writer import BackgroundWriter
+from hvtrace.schema import DTYPE_CODE, FILE_SUFFIX, KIND_CODE
+
+log = logging.getLogger("hvtrace")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_K_USER = KIND_CODE["user"]
+_K_SCALAR = KIND_CODE["scalar"]
+_NAN = math.nan
+
+#: Default bound of the in-memory buffer (spans); beyond it spans are dropped and counted.
+DEFAULT_BUFFER_SPANS = 1 << 20
+
+
+class Recorder:
+    """One rank's recorder: current step, the span buffer and its background writer.
+
+    Attributes read on the hot path: ``enabled``, ``step``, ``micro``. ``add()`` is the only
+    method the hot path calls.
+    """
+
+    def __init__(
+        self,
+        trace_dir: str | os.PathLike,
+        header: dict[str, Any],
+        timer: Any = None,
+        buffer_spans: int = DEFAULT_BUFFER_SPANS,
+        flush_interval_s: float = 0.5,
+    ) -> None:
+        self.enabled = False
+        self.step = 0
+        self.micro = 0
+        #: True between a step's update and the next step's first forward or gradient: a scalar
+        #: recorded then (the loss, after ``opt.step()``) belongs to the step just finished.
+        self.between_steps = False
+        self.dropped = 0
+        self.timer = timer if timer is not None else HostTimer()
+        self.header = header
+        self._cap = buffer_spans
+        self._buf: deque = deque()
+        self._clock_new: list[ClockEstimate] = []
+        self._reported_dropped = 0
+        self._failed = False
+        self._pid = os.getpid()
+        self.writer: BackgroundWriter | None = None
+        trace_dir = Path(trace_dir)
+        self.path = trace_dir / f"rank{header['rank']:05d}-{header['run_id']}{FILE_SUFFIX}"
+        try:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            self.writer = BackgroundWriter(
+                self.path,
+                header,
+                self._buf,
+                self.timer,
+                self._status,
+                self._on_writer_error,
+                flush_interval_s,
+            )
+        except BaseException as exc:  # noqa: BLE001 - tracing must never take training down
+            self.fail(f"cannot write trace file {self.path}: {exc}")
+            return
+        self.enabled = True
+        atexit.register(self.close)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    # -- hot path ------------------------------------------------------------------------------
+    def add(
+        self,
+        kind: int,
+        name: str,
+        start: Any,
+        end: Any,
+        nbytes: int = 0,
+        dtype: int = 0,
+        value: float = _NAN,
+        flags: int = 0,
+        step: int | None = None,
+    ) -> None:
+        """Append one span (kind code, name, start/end tokens). Never blocks, never raises."""
+        buf = self._buf
+        if len(buf) >= self._cap:
+            self.dropped += 1
+            return
+        buf.append(
+            (
+                self.step if step is None else step,
+                self.micro,
+                kind,
+                name,
+                start,
+                end,
+                nbytes,
+                dtype,
+                value,
+                flags,
+            )
+        )
+
+    # -- state shared with the writer ----------------------------------------------------------
+    def add_clock(self, estimate: ClockEstimate) -> None:
+        """Queue a clock-offset estimate for the next batch's status."""
+        self._clock_new.append(estimate)
+
+    def _status(self, final: bool) -> dict[str, Any]:
+        clock, self._clock_new = self._clock_new, []
+        dropped = self.dropped
+        changed = bool(clock) or dropped != self._reported_dropped
+        self._reported_dropped = dropped
+        return {
+            "dropped": dropped,
+            "clock": [c.to_dict() for c in clock],
+            "last_step": self.step,
+            "final": final,
+            "changed": changed,
+        }
+
+    # -- failure and shutdown ------------------------------------------------------------------
+    def fail(self, reason: str) -> None:
+        """Disable recording with one warning; training goes on untraced."""
+        self.enabled = False
+        if not self._failed:
+            self._failed = True
+            msg = f"hvtrace: tracing disabled on rank {self.header.get('rank')}: {reason}"
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        if _active is self:
+            _set_active(None)
+
+    def _on_writer_error(self, exc: BaseException) -> None:
+        self.fail(
+            f"writing {self.path} failed ({type(exc).__name__}: {exc}); spans up to the "
+            "last flush are kept"
+        )
+
+    def _after_fork(self) -> None:
+        # A forked child (DataLoader worker) has no writer thread: record nothing there.
+        self.enabled = False
+        self.writer = None
+        if _active is self:
+            _set_active(None)
+
+    def flush(self) -> None:
+        """Write what is buffered now (normally the writer thread does this on its own)."""
+        if self.writer is not None and os.getpid() == self._pid:
+            self.writer.flush(final=False)
+
+    def close(self) -> None:
+        """Flush everything, mark the file final and close it. Idempotent; safe at exit."""
+        if self.writer is None or os.getpid() != self._pid:
+            return
+        self.enabled = False
+        writer, self.writer = self.writer, None
+        try:
+            writer.close()
+        except BaseException as exc:  # noqa: BLE001
+            log.warning("hvtrace: closing %s failed: %s", self.path, exc)
+        if _active is self:
+            _set_active(None)
+
+
+# -- the process-wide active recorder (set by DistributedOptimizer) ---------------------------
+_active: Recorder | None = None
+_active_lock = threading.Lock()
+
+
+def _set_active(rec: Recorder | None) -> None:
+    global _active
+    with _active_lock:
+        _active = rec
+
+
+def active_recorder() -> Recorder | None:
+    """Return the recorder of this process, or None when not tracing."""
+    return _active
+
+
+class span:
+    """Record a user span around a block or a function: ``with hvtrace.span("data"):``.
+
+    Also a decorator: ``@hvtrace.span("checkpoint")``. Times use the host monotonic clock; the
+    span belongs to the optimizer step current at its start. A no-op when not tracing.
+    """
+
+    __slots__ = ("_rec", "_start", "_step", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+        self._start = 0
+        self._rec: Recorder | None = None
+        self._step = 0
+
+    def __enter__(self) -> span:
+        rec = _active
+        if rec is not None and rec.enabled:
+            self._rec = rec
+            self._step = rec.step
+            self._start = monotonic_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec, self._rec = self._rec, None
+        if rec is not None and rec.enabled:
+            try:
+                rec.add(_K_USER, self.name, self._start, monotonic_ns(), step=self._step)
+            except BaseException as e:  # noqa: BLE001
+                rec.fail(f"recording span {self.name!r}: {e}")
+
+    def __call__(self, fn: F) -> F:
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with span(name):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def scalar(name: str, value: Any) -> None:
+    """Record a per-step scalar (such as the loss) on this rank. A no-op when not tracing.
+
+    The value belongs to the step in progress; recorded after ``opt.step()`` and before the next
+    step's forward, it belongs to the step just finished.
+
+    ``value`` may be a number or a one-element tensor; a CPU tensor is read at once, a CUDA tensor
+    is never read in the training loop (that would synchronize): pass ``loss.item()`` only where
+    your loop already synchronizes, or record CPU values.
+    """
+    rec = _active
+    if rec is None or not rec.enabled:
+        return
+    try:
+        if hasattr(value, "is_cuda"):
+            if value.is_cuda:
+                _warn_once(
+                    "hvtrace.scalar() got a CUDA tensor and did not record it (reading it "
+                    "would synchronize the device); pass a Python number instead"
+                )
+                return
+            value = value.detach().item()
+        t = monotonic_ns()
+        step = rec.step - 1 if rec.between_steps and rec.step > 0 else rec.step
+        rec.add(_K_SCALAR, str(name), t, t, value=float(value), step=step)
+    except BaseException as e:  # noqa: BLE001
+        rec.fail(f"recording scalar {name!r}: {e}")
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+def dtype_code(name: str) -> int:
+    """Return the dtype code for a dtype name of the format."""
+    return DTYPE_CODE.get(name, DTYPE_CODE["other"])

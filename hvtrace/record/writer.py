@@ -1,0 +1,208 @@
+"""Background writer: drains a rank's span buffer into its trace file.
+
+The hot path only appends tuples to a deque. This thread wakes every ``flush_interval_s``, turns
+what is there into one Arrow record batch, appends it to the rank's ``.arrows`` stream and flushes
+the file to the OS, so after a SIGKILL everything older than about one interval is on disk and the
+file stays readable (a stream has no footer to lose). Any error here disables recording with one
+warning; nothing is ever raised into training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from hvtrace.schema import BATCH_STATUS_KEY, DTYPES, FILE_SCHEMA, HEADER_KEY, KINDS
+
+log = logging.getLogger("hvtrace")
+
+# Row layout in the buffer (positions in the tuple).
+STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS = range(10)
+
+_KIND_DICT = pa.array(KINDS, pa.string())
+_DTYPE_DICT = pa.array(DTYPES, pa.string())
+
+
+def write_options() -> pa.ipc.IpcWriteOptions:
+    """Return the IPC options of trace files: zstd (or lz4) buffers, delta name dictionaries."""
+    codec = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
+    return pa.ipc.IpcWriteOptions(compression=codec, emit_dictionary_deltas=True)
+
+
+class BatchEncoder:
+    """Turns buffered row tuples into record batches of :data:`FILE_SCHEMA`.
+
+    Names are interned across batches; each batch carries the full name dictionary so far, which
+    the IPC writer emits as a delta (only new names are written).
+    """
+
+    def __init__(self) -> None:
+        self._name_ids: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def encode(self, rows: list[tuple]) -> pa.RecordBatch:
+        """Return one record batch holding ``rows`` (tuples of resolved ints, see module layout)."""
+        ids = self._name_ids
+        name_idx = []
+        for r in rows:
+            n = r[NAME]
+            i = ids.get(n)
+            if i is None:
+                i = ids[n] = len(self._names)
+                self._names.append(n)
+            name_idx.append(i)
+        cols = list(zip(*rows)) if rows else [()] * 10
+        arrays = [
+            pa.array(cols[STEP], pa.int32()),
+            pa.array(cols[MICRO], pa.int16()),
+            pa.DictionaryArray.from_arrays(pa.array(cols[KIND], pa.int8()), _KIND_DICT),
+            pa.DictionaryArray.from_arrays(
+                pa.array(name_idx, pa.int32()), pa.array(self._names, pa.string())
+            ),
+            pa.array(cols[START], pa.int64()),
+            pa.array(cols[END], pa.int64()),
+            pa.array(cols[BYTES], pa.int64()),
+            pa.DictionaryArray.from_arrays(pa.array(cols[DTYPE], pa.int8()), _DTYPE_DICT),
+            pa.array(cols[VALUE], pa.float64()),
+            pa.array(cols[FLAGS], pa.uint8()),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=FILE_SCHEMA)
+
+
+class TraceFile:
+    """An open trace file: header at open, then batches with a JSON status each. Not thread-safe."""
+
+    def __init__(self, path: str | os.PathLike, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self._sink: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        schema = FILE_SCHEMA.with_metadata({HEADER_KEY: json.dumps(header).encode()})
+        self._writer = pa.ipc.new_stream(self._sink, schema, options=write_options())
+        self._encoder = BatchEncoder()
+        self._sink.flush()
+
+    def append(self, rows: list[tuple], status: dict[str, Any]) -> None:
+        """Append one batch of resolved rows with its status, and flush it to the OS."""
+        batch = self._encoder.encode(rows)
+        self._writer.write_batch(batch, custom_metadata={BATCH_STATUS_KEY: json.dumps(status)})
+        self._sink.flush()
+
+    def close(self) -> None:
+        """Write the end-of-stream marker and close the file."""
+        try:
+            self._writer.close()
+        finally:
+            self._sink.close()
+
+
+class BackgroundWriter:
+    """Owns a rank's trace file and the thread that fills it from ``buffer``.
+
+    ``timer`` resolves span tokens (ints or CUDA events); rows whose events have not completed wait
+    for a later flush. ``status()`` returns the JSON status attached to every batch (dropped
+    counts, new clock estimates). ``on_error`` is called once, with the exception, if writing fails.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        header: dict[str, Any],
+        buffer: deque,
+        timer: Any,
+        status: Callable[[bool], dict[str, Any]],
+        on_error: Callable[[BaseException], None],
+        flush_interval_s: float = 0.5,
+    ) -> None:
+        self._buffer = buffer
+        self._timer = timer
+        self._status = status
+        self._on_error = on_error
+        self._interval = flush_interval_s
+        self._pending: list[tuple] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.spans_written = 0
+        self.file: TraceFile | None = TraceFile(path, header)
+        self._thread = threading.Thread(target=self._run, name="hvtrace-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush(final=False)
+
+    def flush(self, final: bool) -> None:
+        """Write what the buffer holds now (all of it, waiting for CUDA events, when ``final``)."""
+        with self._lock:
+            if self.file is None:
+                return
+            try:
+                self._flush_locked(final)
+            except BaseException as exc:  # noqa: BLE001 - never let the writer take training down
+                self._fail(exc)
+
+    def _flush_locked(self, final: bool) -> None:
+        buf = self._buffer
+        rows = self._pending
+        for _ in range(len(buf)):
+            rows.append(buf.popleft())
+        timer = self._timer
+        ready, waiting = [], []
+        if timer.is_cuda:
+            for r in rows:
+                if final:
+                    for tok in (r[START], r[END]):
+                        if not isinstance(tok, int):
+                            tok.synchronize()  # off the training loop: only at close
+                if timer.ready(r[START]) and timer.ready(r[END]):
+                    s, e = timer.resolve(r[START]), timer.resolve(r[END])
+                    timer.release(r[START])
+                    if r[END] is not r[START]:
+                        timer.release(r[END])
+                    ready.append((*r[:START], s, e, *r[BYTES:]))
+                else:
+                    waiting.append(r)
+        else:
+            ready = rows
+        self._pending = waiting
+        status = self._status(final)
+        if not ready and not final and not status.get("changed"):
+            return
+        status.pop("changed", None)
+        status["spans"] = self.spans_written + len(ready)
+        self.file.append(ready, status)
+        self.spans_written += len(ready)
+
+    def _fail(self, exc: BaseException) -> None:
+        file, self.file = self.file, None
+        self._stop.set()
+        if file is not None:
+            try:
+                file.close()
+            except BaseException:  # noqa: BLE001 - the file is already failing
+                pass
+        self._on_error(exc)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread, write the rest with a final status and close the file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        self.flush(final=True)
+        with self._lock:
+            if self.file is not None:
+                try:
+                    self.file.close()
+                except BaseException as exc:  # noqa: BLE001
+                    self._on_error(exc)
+                self.file = None

@@ -1,0 +1,98 @@
+"""The one definition of hvtrace's trace format.
+
+A trace file holds one rank's spans as an Apache Arrow IPC *stream* (``.arrows``): a schema whose
+metadata key ``hvtrace`` carries the JSON header, then record batches appended by the writer thread
+every flush interval. A stream has no footer, so a file cut off at any byte still yields every
+complete batch before the cut. See ``docs/format.md``.
+
+All times in a file are integers in nanoseconds on the rank's own monotonic clock
+(``time.monotonic_ns()``; CUDA-timed spans are converted to that clock through an anchor event).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+FORMAT_NAME: Final = "hvtrace"
+FORMAT_VERSION: Final = 1
+FILE_SUFFIX: Final = ".arrows"
+HEADER_KEY: Final = b"hvtrace"
+#: Key of the JSON status that the writer attaches to each record batch (dropped counts, clock
+#: samples, and ``final: true`` on the last batch of a cleanly closed file).
+BATCH_STATUS_KEY: Final = b"hvtrace.status"
+
+#: Span kinds. The order is part of the format: files store the kind as a dictionary index.
+KINDS: Final[tuple[str, ...]] = (
+    "step",  # a whole optimizer step, from the end of the previous step to the end of this update
+    "input",  # the gap before the first forward of a step (data loading, host work)
+    "forward",  # the model's forward call (needs model=)
+    "backward",  # from the gradient reaching the model output to the last gradient becoming ready
+    "compute",  # forward+backward as one span when no model was given
+    "allreduce",  # one gradient tensor: enqueued (gradient ready) -> reduced result observed
+    "wait",  # time blocked in synchronize() waiting for allreduces (exposed communication)
+    "update",  # the base optimizer's step()
+    "user",  # hvtrace.span(name)
+    "scalar",  # hvtrace.scalar(name, value): a point event, value in the value column
+    "clock",  # a clock-offset estimate: value = offset to rank 0 in ns, bytes = uncertainty in ns
+)
+KIND_CODE: Final[dict[str, int]] = {k: i for i, k in enumerate(KINDS)}
+
+#: Flag bits of the ``flags`` column.
+FLAG_CUDA: Final = 1  # times come from CUDA events (device time), not the host clock
+FLAG_END_UPPER_BOUND: Final = 2  # end is when the host observed completion, an upper bound
+
+#: Columns of a trace file, in order. ``name`` is dictionary-encoded with delta dictionaries.
+FILE_SCHEMA: Final = pa.schema(
+    [
+        pa.field("step", pa.int32()),
+        pa.field("micro", pa.int16()),  # backward pass within the step (backward_passes_per_step)
+        pa.field("kind", pa.dictionary(pa.int8(), pa.string())),
+        pa.field("name", pa.dictionary(pa.int32(), pa.string())),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("dtype", pa.dictionary(pa.int8(), pa.string())),
+        pa.field("value", pa.float64()),
+        pa.field("flags", pa.uint8()),
+    ]
+)
+COLUMNS: Final[tuple[str, ...]] = tuple(FILE_SCHEMA.names)
+
+#: dtype names, in order (dictionary of the ``dtype`` column).
+DTYPES: Final[tuple[str, ...]] = (
+    "",
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "other",
+)
+DTYPE_CODE: Final[dict[str, int]] = {d: i for i, d in enumerate(DTYPES)}
+
+#: Header fields every file must carry (more may be present).
+REQUIRED_HEADER_FIELDS: Final[tuple[str, ...]] = (
+    "format",
+    "version",
+    "run_id",
+    "rank",
+    "size",
+    "host",
+    "pid",
+    "mono_anchor_ns",
+    "wall_anchor_ns",
+    "clock",
+)
+
+
+def dtype_name(torch_dtype: object) -> str:
+    """Return the format's dtype name for a torch dtype (``"other"`` when not listed)."""
+    name = str(torch_dtype).removeprefix("torch.")
+    return name if name in DTYPE_CODE else "other"
