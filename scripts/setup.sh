@@ -25,7 +25,7 @@ VPY="$VENV/bin/python"
 if ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
   log "installing torch==$TORCH_VERSION (CPU build)"
   # On these machines the CPU wheel of torch 2.13.0 lies on disk (pip's find-links); elsewhere pip fetches it.
-  "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+  "$VPY" -m pip install -q "torch==$TORCH_VERSION" numpy
 fi
 
 horovod_ok() {
@@ -61,6 +61,9 @@ if ! horovod_ok; then
   "$VPY" -m pip install -q "$WHEEL_DIR"/horovod-$HOROVOD_VERSION-*.whl
   horovod_ok || { log "Horovod installed but not usable (no PyTorch/Gloo support)"; exit 1; }
 fi
+
+# Headless Chromium for the dashboard's browser tests (Debian packages; skipped if present).
+bash scripts/setup_browser.sh
 
 if [ -f pyproject.toml ]; then
   log "installing hvtrace[$EXTRAS] (editable)"

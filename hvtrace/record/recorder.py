@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 import os
+import signal
 import threading
 import warnings
 from collections import deque
@@ -87,6 +88,7 @@ class Recorder:
         atexit.register(self.close)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
+        _install_signal_handlers(self)
 
     # -- hot path ------------------------------------------------------------------------------
     def add(
@@ -282,3 +284,35 @@ def _warn_once(msg: str) -> None:
 def dtype_code(name: str) -> int:
     """Return the dtype code for a dtype name of the format."""
     return DTYPE_CODE.get(name, DTYPE_CODE["other"])
+
+
+def _install_signal_handlers(rec: Recorder) -> None:
+    """Make termination keep the trace: SIGTERM flushes and closes the file, then goes on as before.
+
+    Also ignores SIGXFSZ when it has its default action, so that a file-size limit makes the
+    writer's ``write`` fail with EFBIG (tracing stops with a warning) instead of killing training.
+    Only possible from the main thread; elsewhere nothing is changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if hasattr(signal, "SIGXFSZ") and signal.getsignal(signal.SIGXFSZ) == signal.SIG_DFL:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        previous = signal.getsignal(signal.SIGTERM)
+    except (ValueError, OSError):
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        rec.close()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:  # default action: terminate, as the signal would have without hvtrace
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        pass

@@ -127,7 +127,7 @@ class BackgroundWriter:
         self._interval = flush_interval_s
         self._pending: list[tuple] = []
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: close() may run in a signal handler
         self._closed = False
         self.spans_written = 0
         self.file: TraceFile | None = TraceFile(path, header)
