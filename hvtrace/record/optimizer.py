@@ -224,6 +224,7 @@ class Tracer:
         self.pending: list[_Pending] = []
         self.poll_idx = 0
         self.by_handle: dict[Any, _Pending] = {}
+        self._meta: dict[tuple, tuple[list, list, list]] = {}  # (params, dtype) -> tensor metadata
         self._install(dist, model)
         if self.rec.enabled:
             _recmod._set_active(self.rec)
@@ -376,26 +377,34 @@ class Tracer:
 
     def _enqueued(self, handle_ctx: Any, params: tuple, t: Any) -> None:
         handle = handle_ctx[0] if isinstance(handle_ctx, tuple) else handle_ctx
-        names = self.dist._parameter_names
-        tensors = self._handle_map.get(handle) if not callable(handle) else None
-        if tensors is not None:
-            sent = tensors[0]
-            sent = list(sent) if isinstance(sent, list | tuple) else [sent]
-        else:
-            sent = [p.grad for p in params]
-        nbytes = [int(s.numel() * s.element_size()) if s is not None else 0 for s in sent]
-        dtypes = [DTYPE_CODE[dtype_name(s.dtype)] if s is not None else 0 for s in sent]
-        entry = _Pending(
-            handle, [names.get(p, "?") for p in params], nbytes, dtypes, t, self.rec.step
-        )
+        polled = type(handle) is int  # sparse allreduces return a callable instead
+        sent = self._handle_map.get(handle) if polled else None
+        sent = sent[0] if sent is not None else None  # the (compressed) tensor(s) Horovod reduces
+        first = sent[0] if isinstance(sent, list | tuple) else sent
+        key = (params, first.dtype if first is not None else None)
+        meta = self._meta.get(key)
+        if meta is None:
+            meta = self._meta[key] = self._tensor_meta(params, sent)
+        entry = _Pending(handle, meta[0], meta[1], meta[2], t, self.rec.step)
         self.pending.append(entry)
-        if not callable(handle):
+        if polled:
             self.by_handle[handle] = entry
         if not self.in_sync:
             self.rec.between_steps = False
             self.last_grad = t
             if not self.timer.is_cuda:
                 self._poll_done()
+
+    def _tensor_meta(self, params: tuple, sent: Any) -> tuple[list, list, list]:
+        """Return (names, bytes, dtype codes) of the tensors one allreduce sends (cached)."""
+        names = self.dist._parameter_names
+        if sent is None:
+            tensors = [p.grad for p in params]
+        else:
+            tensors = list(sent) if isinstance(sent, list | tuple) else [sent]
+        nbytes = [int(x.numel() * x.element_size()) if x is not None else 0 for x in tensors]
+        dtypes = [DTYPE_CODE[dtype_name(x.dtype)] if x is not None else 0 for x in tensors]
+        return [names.get(p, "?") for p in params], nbytes, dtypes
 
     def _poll_done(self) -> None:
         """Mark allreduces that completed since the last look (oldest first; host timer only)."""
