@@ -197,10 +197,15 @@ def read_rank_file(path: str | os.PathLike) -> RankFile:
             raise TraceError(_problem(path, "header clock estimate is malformed")) from None
     with pa.memory_map(str(path)) as src:
         reader = pa.ipc.open_stream(src)
+        messages = reader.stats.num_messages
         while True:
             try:
                 batch, meta = reader.read_next_batch_with_custom_metadata()
             except StopIteration:
+                # The writer emits a batch's new names as a delta dictionary message just before
+                # the record batch: a stream ending after that message was cut inside a batch.
+                if reader.stats.num_messages > messages:
+                    rf.truncated = True
                 break
             except (pa.ArrowException, OSError, ValueError):
                 rf.truncated = True
@@ -212,6 +217,7 @@ def read_rank_file(path: str | os.PathLike) -> RankFile:
                 break
             batches.append(batch)
             _apply_status(rf, meta)
+            messages = reader.stats.num_messages
     if batches:
         rf.table = pa.Table.from_batches(batches, schema=FILE_SCHEMA)
     return rf

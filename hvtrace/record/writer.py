@@ -86,7 +86,9 @@ class TraceFile:
         schema = FILE_SCHEMA.with_metadata({HEADER_KEY: json.dumps(header).encode()})
         self._writer = pa.ipc.new_stream(self._sink, schema, options=write_options())
         self._encoder = BatchEncoder()
-        self._sink.flush()
+        # Arrow writes the schema (our header) only with the first batch: write an empty one now,
+        # so that a rank that dies before its first flush still leaves a readable file.
+        self.append([], {"dropped": 0, "clock": [], "last_step": 0, "final": False, "spans": 0})
 
     def append(self, rows: list[tuple], status: dict[str, Any]) -> None:
         """Append one batch of resolved rows with its status, and flush it to the OS."""
