@@ -49,7 +49,11 @@ class RankFile:
     truncated: bool = False  # the stream ended inside a batch (crash, or damage)
     dropped: int = 0  # spans the recorder dropped because the writer fell behind
     last_step: int = -1  # the rank's step counter at its last flush
-    clock: list[ClockEstimate] = field(default_factory=list)
+    clock: list[ClockEstimate] = field(default_factory=list)  # the estimates used to align
+    #: Barrier-round estimates as recorded (kept as a check when ``same_clock`` made them moot).
+    clock_measured: list[ClockEstimate] = field(default_factory=list)
+    #: True when this rank ran on rank 0's kernel (same boot id): one clock, offset exactly 0.
+    same_clock: bool = False
 
     @property
     def rank(self) -> int:
@@ -99,19 +103,34 @@ class Run:
         """Map rank -> host name."""
         return {r: str(f.header.get("host", "?")) for r, f in self.files.items()}
 
+    def clock_uncertainty_ns(self, rank: int) -> int:
+        """Worst uncertainty (ns) of ``rank``'s alignment to rank 0's clock (0: same clock)."""
+        f = self.files[rank]
+        return max((e.uncertainty_ns for e in f.clock), default=0)
+
     def clock_summary(self) -> str:
         """One line saying how clocks were aligned and how well."""
-        worst = 0
-        n_est = 0
-        for f in self.files.values():
-            for e in f.clock:
-                worst = max(worst, e.uncertainty_ns)
-                n_est += 1
-        hosts = len(set(self.hosts.values()))
-        return (
-            f"clocks aligned to rank 0 by barrier rounds ({n_est} estimates over "
-            f"{len(self.files)} ranks on {hosts} host(s); worst uncertainty ±{worst / 1e3:.0f} µs)"
-        )
+        same = [r for r, f in self.files.items() if f.same_clock and r != 0]
+        others = [r for r, f in self.files.items() if not f.same_clock and r != 0]
+        parts = []
+        if same:
+            check = max(
+                (abs(e.offset_ns) for r in same for e in self.files[r].clock_measured), default=0
+            )
+            parts.append(
+                f"{len(same)} rank(s) share rank 0's kernel clock (same boot id): offset 0 exactly "
+                f"(barrier estimate within {check / 1e3:.0f} µs of it)"
+            )
+        if others:
+            n_est = sum(len(self.files[r].clock) for r in others)
+            worst = max(self.clock_uncertainty_ns(r) for r in others)
+            parts.append(
+                f"{len(others)} rank(s) aligned by barrier rounds ({n_est} estimates, worst "
+                f"uncertainty ±{worst / 1e3:.0f} µs, drift interpolated)"
+            )
+        if not parts:
+            return "clocks: single rank, no alignment needed"
+        return "clocks aligned to rank 0: " + "; ".join(parts)
 
 
 def _problem(path: Path, msg: str) -> str:
@@ -346,10 +365,27 @@ def load_run(
             f"{run_dir}: run {run_id} has {size} ranks but no usable file for rank(s) "
             f"{', '.join(map(str, missing))}; analyzing the others"
         )
+    _choose_clocks(files)
     spans = _span_frame([files[r] for r in sorted(files)])
     for msg in problems:
         log.warning("%s", msg)
     return Run(Path(run_dir), run_id, size, files, spans, problems)
+
+
+def _choose_clocks(files: dict[int, RankFile]) -> None:
+    """Use offset 0 exactly for ranks on rank 0's kernel; barrier estimates for the others.
+
+    Processes under one kernel (same ``boot_id``) read the same CLOCK_MONOTONIC, so their true
+    offset is zero; the barrier estimates are kept in ``clock_measured`` as a check.
+    """
+    ref = files.get(0)
+    ref_boot = ref.header.get("boot_id") if ref is not None else None
+    for rf in files.values():
+        rf.clock_measured = list(rf.clock)
+        if ref_boot and rf.header.get("boot_id") == ref_boot:
+            at = rf.clock[0].at_ns if rf.clock else 0
+            rf.clock = [ClockEstimate(at, 0, 0, 0)]
+            rf.same_clock = True
 
 
 def _span_frame(files: list[RankFile]) -> pd.DataFrame:

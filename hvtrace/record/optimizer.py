@@ -152,6 +152,15 @@ def _handshake(hvd: Any, rounds: int) -> tuple[str, ClockEstimate]:
     return str(run_id), sync_clocks(hvd, rounds)
 
 
+def _boot_id() -> str | None:
+    """Return the kernel's boot id: ranks with equal boot ids share one CLOCK_MONOTONIC."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__
@@ -248,6 +257,7 @@ class Tracer:
             "cross_rank": hvd.cross_rank(),
             "cross_size": hvd.cross_size(),
             "host": socket.gethostname(),
+            "boot_id": _boot_id(),
             "pid": os.getpid(),
             "device": str(device),
             "timing": "cuda_events" if self.timer.is_cuda else "host_monotonic",
