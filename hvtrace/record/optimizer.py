@@ -30,7 +30,7 @@ import numpy as np
 
 from hvtrace.clock import ClockEstimate, estimate_offsets
 from hvtrace.record import recorder as _recmod
-from hvtrace.record.recorder import Recorder
+from hvtrace.record.recorder import DEFAULT_BUFFER_SPANS, Recorder
 from hvtrace.record.timers import make_timer, monotonic_ns
 from hvtrace.schema import (
     DTYPE_CODE,
@@ -72,7 +72,8 @@ def DistributedOptimizer(
     trace_dir: str | os.PathLike | None = None,
     model: Any = None,
     *,
-    flush_interval_s: float = 0.5,
+    flush_interval_s: float | None = None,
+    buffer_spans: int | None = None,
     clock_rounds: int = 8,
     **horovod_kwargs: Any,
 ) -> Any:
@@ -80,8 +81,11 @@ def DistributedOptimizer(
 
     ``trace_dir`` (else ``$HVTRACE_DIR``, else ``./hvtrace-trace``) receives one ``.arrows`` file
     per rank. ``model`` (optional) splits compute into input gap, forward and backward.
-    ``HVTRACE=0`` returns Horovod's optimizer untouched. Must be called on every rank, after
-    ``hvd.init()``: it runs a short clock-synchronisation collective.
+    ``HVTRACE=0`` returns Horovod's optimizer untouched. ``flush_interval_s`` (else
+    ``$HVTRACE_FLUSH_S``, else 0.5 s) is how often the writer thread appends to the file;
+    ``buffer_spans`` (else ``$HVTRACE_BUFFER_SPANS``, else 2**20) bounds the in-memory buffer:
+    when the writer falls that far behind, new spans are dropped and counted, never waited for.
+    Must be called on every rank, after ``hvd.init()``: it runs a short clock collective.
 
     Raises ``RuntimeError`` if Horovod is not initialized. Never raises because of tracing: if the
     trace cannot be written, a warning is logged and the optimizer works untraced.
@@ -100,12 +104,22 @@ def DistributedOptimizer(
         return dist
     trace_dir = trace_dir or os.environ.get("HVTRACE_DIR") or DEFAULT_TRACE_DIR
     try:
+        if flush_interval_s is None:
+            flush_interval_s = float(os.environ.get("HVTRACE_FLUSH_S", "0.5"))
+        if buffer_spans is None:
+            buffer_spans = int(os.environ.get("HVTRACE_BUFFER_SPANS", str(DEFAULT_BUFFER_SPANS)))
+    except ValueError as exc:
+        _warn(f"hvtrace: bad HVTRACE_FLUSH_S/HVTRACE_BUFFER_SPANS ({exc}); using defaults")
+        flush_interval_s, buffer_spans = 0.5, DEFAULT_BUFFER_SPANS
+    try:
         run_id, clock = _handshake(hvd, clock_rounds)
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: clock synchronisation failed ({exc}); not tracing")
         return dist
     try:
-        tracer = Tracer(dist, model, hvd, trace_dir, run_id, clock, flush_interval_s, clock_rounds)
+        tracer = Tracer(
+            dist, model, hvd, trace_dir, run_id, clock, flush_interval_s, clock_rounds, buffer_spans
+        )
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: could not start tracing ({type(exc).__name__}: {exc}); not tracing")
         return dist
@@ -197,6 +211,7 @@ class Tracer:
         clock: ClockEstimate,
         flush_interval_s: float,
         clock_rounds: int,
+        buffer_spans: int = DEFAULT_BUFFER_SPANS,
     ) -> None:
         import torch
         from horovod.torch import mpi_ops
@@ -215,6 +230,7 @@ class Tracer:
             trace_dir,
             self._header(dist, model, run_id, clock, params, device),
             timer=self.timer,
+            buffer_spans=buffer_spans,
             flush_interval_s=flush_interval_s,
         )
         # Even when the file could not be opened (recording disabled), the wrappers are installed:
