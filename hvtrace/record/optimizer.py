@@ -22,7 +22,6 @@ import os
 import secrets
 import socket
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +128,7 @@ def DistributedOptimizer(
 
 
 def _warn(msg: str) -> None:
-    log.warning(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    log.warning("%s", msg)
 
 
 _sync_counter = 0

@@ -14,7 +14,6 @@ import math
 import os
 import signal
 import threading
-import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -147,9 +146,8 @@ class Recorder:
         self.enabled = False
         if not self._failed:
             self._failed = True
-            msg = f"hvtrace: tracing disabled on rank {self.header.get('rank')}: {reason}"
-            log.warning(msg)
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            # One line through logging (no handler configured: Python prints it on stderr).
+            log.warning("hvtrace: tracing disabled on rank %s: %s", self.header.get("rank"), reason)
         if _active is self:
             _set_active(None)
 
