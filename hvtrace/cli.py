@@ -61,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="hvtrace: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # the commands print the loader's problems in their own output
+        logging.getLogger("hvtrace.load").setLevel(logging.ERROR)
     try:
         return int(args.func(args) or 0)
     except TraceError as exc:
@@ -71,6 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:
+        log.debug("internal error", exc_info=True)
+        print(
+            f"hvtrace: internal error: {type(exc).__name__}: {exc} (run with -v for details; "
+            "please report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from hvtrace.schema import (
     REQUIRED_HEADER_FIELDS,
 )
 
-log = logging.getLogger("hvtrace")
+log = logging.getLogger("hvtrace.load")
 
 
 class TraceError(Exception):
@@ -227,7 +227,8 @@ def read_rank_file(path: str | os.PathLike) -> RankFile:
                     rf.truncated = True
                 break
             except (pa.ArrowException, OSError, ValueError):
-                rf.truncated = True
+                # after the final batch only the end-of-stream marker can be cut: nothing lost
+                rf.truncated = not rf.complete
                 break
             try:
                 batch.validate(full=True)

@@ -1,0 +1,247 @@
+"""Shared test helpers: launching real ``horovodrun`` jobs, and writing synthetic trace files.
+
+Launching: :func:`run_horovodrun` runs ``horovodrun -np N -H localhost:N --gloo ...`` with this
+interpreter's ``bin`` directory (the venv) first on ``PATH``, kills the whole job on timeout and
+fails the test with the command, exit status and the tail of stdout/stderr.
+
+Synthetic traces: :func:`make_header` and :func:`write_rank_file` build rank files through the real
+writer (:class:`hvtrace.record.writer.TraceFile`), for loader and analysis tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The directory of the interpreter running the tests (the venv's ``bin``): put first on PATH so
+#: that horovodrun's workers run this same Python.
+PY_BIN = Path(sys.executable).parent
+
+
+# -- horovodrun -----------------------------------------------------------------------------------
+def horovodrun_path() -> Path | None:
+    """Return the ``horovodrun`` next to this interpreter, else the one on PATH, else None."""
+    here = PY_BIN / "horovodrun"
+    if here.is_file() and os.access(here, os.X_OK):
+        return here
+    found = shutil.which("horovodrun")
+    return Path(found) if found else None
+
+
+def horovod_unavailable_reason() -> str | None:
+    """Return why real Horovod runs are impossible here, or None when they are possible."""
+    if horovodrun_path() is None:
+        return f"horovodrun is not installed (not in {PY_BIN} nor on PATH)"
+    try:
+        spec = importlib.util.find_spec("horovod.torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return "horovod.torch is not importable by this interpreter (no Horovod with PyTorch)"
+    return None
+
+
+def tail(text: str | bytes | None, lines: int = 40) -> str:
+    """Return the last ``lines`` lines of a process output (decoded), or a placeholder."""
+    if text is None:
+        return "<none>"
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    rows = text.rstrip().splitlines()
+    if not rows:
+        return "<empty>"
+    cut = rows[-lines:]
+    more = f"[... {len(rows) - lines} earlier lines ...]\n" if len(rows) > lines else ""
+    return more + "\n".join(cut)
+
+
+def describe(proc: subprocess.CompletedProcess, wall_s: float | None = None) -> str:
+    """Return a multi-line account of a finished command for a failure message."""
+    cmd = " ".join(map(str, proc.args)) if isinstance(proc.args, list | tuple) else proc.args
+    took = f" after {wall_s:.1f} s" if wall_s is not None else ""
+    return (
+        f"command: {cmd}\nexit status: {proc.returncode}{took}\n"
+        f"--- stdout (tail) ---\n{tail(proc.stdout)}\n--- stderr (tail) ---\n{tail(proc.stderr)}"
+    )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop the process group started for ``proc`` (TERM, then KILL)."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_horovodrun(
+    args: Sequence[str | os.PathLike],
+    np: int = 2,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run ``horovodrun -np NP -H localhost:NP --gloo ARGS...`` and return the CompletedProcess.
+
+    ``env`` entries are added to this process's environment (``HVTRACE*`` variables of the caller
+    are removed first, so a job is traced only as its test asks). The job runs in its own process
+    group, killed entirely after ``timeout`` seconds. With ``check`` (default) a non-zero exit or a
+    timeout fails the test with the command and the tail of both outputs.
+    """
+    hr = horovodrun_path()
+    if hr is None:
+        pytest.skip(horovod_unavailable_reason() or "horovodrun not installed")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE")}
+    full_env["PATH"] = f"{PY_BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    pp = full_env.get("PYTHONPATH")
+    full_env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{pp}" if pp else str(REPO_ROOT)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    cmd = [str(hr), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *map(str, args)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=str(cwd) if cwd is not None else None,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        pytest.fail(
+            f"horovodrun timed out after {timeout:.0f} s and was killed\n"
+            + describe(done, time.monotonic() - t0),
+            pytrace=False,
+        )
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and done.returncode != 0:
+        pytest.fail("horovodrun failed\n" + describe(done, time.monotonic() - t0), pytrace=False)
+    return done
+
+
+def run_train(
+    *train_args: str | os.PathLike,
+    np: int = 2,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run ``python -m hvtrace.examples.train TRAIN_ARGS...`` under :func:`run_horovodrun`."""
+    return run_horovodrun(
+        [sys.executable, "-m", "hvtrace.examples.train", *train_args],
+        np=np,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=check,
+    )
+
+
+# -- synthetic trace files ------------------------------------------------------------------------
+def make_header(
+    rank: int = 0,
+    size: int = 1,
+    run_id: str = "20240101-000000-abcdef",
+    clock_start: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Return a valid hvtrace header (every required field); ``extra`` adds or overrides fields."""
+    from hvtrace.schema import FORMAT_NAME, FORMAT_VERSION
+
+    h: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "run_id": run_id,
+        "rank": rank,
+        "size": size,
+        "host": "testhost",
+        "pid": 1000 + rank,
+        "mono_anchor_ns": 10**12,
+        "wall_anchor_ns": 1_700_000_000 * 10**9,
+        "clock": {"method": "barrier-interval", "reference_rank": 0},
+        "timing": "host_monotonic",
+    }
+    if clock_start is not None:
+        h["clock"]["start"] = clock_start
+    h.update(extra)
+    return h
+
+
+def row(
+    kind: str,
+    name: str,
+    start: int,
+    end: int,
+    step: int = 0,
+    micro: int = 0,
+    nbytes: int = 0,
+    dtype: str = "",
+    value: float = math.nan,
+    flags: int = 0,
+) -> tuple:
+    """Return one buffer row tuple as the writer takes it (kind and dtype given by name)."""
+    from hvtrace.schema import DTYPE_CODE, KIND_CODE
+
+    return (step, micro, KIND_CODE[kind], name, start, end, nbytes, DTYPE_CODE[dtype], value, flags)
+
+
+def status(
+    final: bool = False, dropped: int = 0, last_step: int = -1, clock: list | None = None
+) -> dict[str, Any]:
+    """Return a batch status dict as the recorder makes it."""
+    return {"dropped": dropped, "clock": clock or [], "last_step": last_step, "final": final}
+
+
+def write_rank_file(
+    path: str | os.PathLike,
+    header: dict[str, Any],
+    batches: Sequence[Sequence[tuple]],
+    statuses: Sequence[dict[str, Any]] | None = None,
+    close: bool = True,
+) -> list[int]:
+    """Write a rank file with the real writer; return the file size after each step.
+
+    The first size is after opening, then one per appended batch, then (with ``close``) after
+    the end-of-stream marker. The last batch's status is ``final`` unless ``statuses`` is given.
+    """
+    from hvtrace.record.writer import TraceFile
+
+    path = Path(path)
+    if statuses is None:
+        statuses = [status(final=(i == len(batches) - 1)) for i in range(len(batches))]
+    tf = TraceFile(path, header)
+    sizes = [path.stat().st_size]
+    for rows, st in zip(batches, statuses, strict=True):
+        tf.append(list(rows), dict(st))
+        sizes.append(path.stat().st_size)
+    if close:
+        tf.close()
+        sizes.append(path.stat().st_size)
+    return sizes

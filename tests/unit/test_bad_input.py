@@ -1,0 +1,186 @@
+"""Damaged input, property-based: real sample traces, broken in every way a disk or a user can.
+
+Each case runs ``hvtrace analyze`` in-process and must either load (exit 0) with a warning naming
+what was dropped, or fail with exit code 2 and a one-line error; never a traceback (exit 1), never
+a hang (pytest-timeout). The number of cases tried is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from hvtrace.cli import main as cli_main
+from hvtrace.schema import HEADER_KEY
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+BALANCED = SAMPLES / "balanced_2rank"
+SLOW = SAMPLES / "slow_rank1_forward_2rank"
+FOUR = SAMPLES / "slow_rank2_input_4rank"
+
+CASES: dict[str, int] = {}
+
+
+def _files(d: Path) -> list[Path]:
+    return sorted(d.glob("*.arrows"))
+
+
+def _analyze(run_dir: Path, capsys: pytest.CaptureFixture, kind: str) -> tuple[int, str, str]:
+    """Run `hvtrace analyze`; check the contract; return (rc, stdout, stderr)."""
+    CASES[kind] = CASES.get(kind, 0) + 1
+    capsys.readouterr()
+    rc = cli_main(["analyze", str(run_dir), "--json", str(run_dir / "report.json")])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert rc in (0, 2), f"{kind}: exit {rc}\n{err}"
+    if rc == 2:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("hvtrace: error: "), err
+    else:
+        report = json.loads((run_dir / "report.json").read_text())
+        assert "per_rank" in report and "stragglers" in report
+    return rc, out, err
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    return dst
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example runs the whole CLI
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
+    run = _copy(BALANCED, tmp_path / "run")
+    victim = data.draw(st.sampled_from(_files(run)))
+    raw = victim.read_bytes()
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    victim.write_bytes(raw[:cut])
+    rc, out, err = _analyze(run, capsys, "truncation")
+    if rc == 0 and cut < len(raw) - 8:  # spans lost (not just the end-of-stream marker)
+        assert victim.name in out + err, "a damaged file must be reported, not silently used"
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example runs the whole CLI
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_flipped_bytes(tmp_path: Path, capsys, data) -> None:
+    run = _copy(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
+    victim = data.draw(st.sampled_from(_files(run)))
+    raw = bytearray(victim.read_bytes())
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    victim.write_bytes(bytes(raw))
+    _analyze(run, capsys, "flipped bytes")
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    """Rewrite a trace file with its header JSON changed by ``edit`` (dict -> dict or bytes)."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as src:
+        reader = pa.ipc.open_stream(src)
+        schema = reader.schema
+        batches = list(reader)
+    header = json.loads(schema.metadata[HEADER_KEY])
+    new = edit(header)
+    meta = dict(schema.metadata)
+    if new is None:
+        meta.pop(HEADER_KEY)
+    else:
+        meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
+    with open(path, "wb") as f, pa.ipc.new_stream(f, schema.with_metadata(meta)) as w:
+        for b in batches:
+            w.write_batch(b)
+
+
+HEADER_EDITS = {
+    "no header": lambda h: None,
+    "header not json": lambda h: b"{not json",
+    "unknown version": lambda h: {**h, "version": 99},
+    "wrong format": lambda h: {**h, "format": "other"},
+    "rank outside size": lambda h: {**h, "rank": 7},
+    "rank missing": lambda h: {k: v for k, v in h.items() if k != "rank"},
+    "negative size": lambda h: {**h, "size": -1},
+    "bad clock": lambda h: {**h, "clock": {"start": {"at_ns": "x"}}},
+}
+
+
+@pytest.mark.parametrize("edit", list(HEADER_EDITS), ids=list(HEADER_EDITS))
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_bad_headers(tmp_path: Path, capsys, edit: str, which: str) -> None:
+    run = _copy(BALANCED, tmp_path / "run")
+    victims = _files(run)[:1] if which == "one" else _files(run)
+    for v in victims:
+        _rewrite_header(v, HEADER_EDITS[edit])
+    rc, out, err = _analyze(run, capsys, f"header: {edit}")
+    if which == "all":
+        assert rc == 2
+    else:
+        assert rc == 0 and victims[0].name in out + err  # the other rank is analyzed, loss named
+
+
+def test_directory_cases(tmp_path: Path, capsys) -> None:
+    # no traces at all
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _analyze(empty, capsys, "no traces")[0] == 2
+    # not a directory / missing
+    assert _analyze(tmp_path / "missing", capsys, "missing dir")[0] == 2
+    # unrelated files beside the traces are ignored
+    run = _copy(BALANCED, tmp_path / "unrelated")
+    (run / "notes.txt").write_text("hello")
+    (run / "model.pt").write_bytes(b"\x80\x02junk")
+    assert _analyze(run, capsys, "unrelated files")[0] == 0
+    # an empty trace file beside good ones
+    run = _copy(BALANCED, tmp_path / "emptyfile")
+    (run / "rank00005-x.arrows").write_bytes(b"")
+    rc, out, err = _analyze(run, capsys, "empty file")
+    assert rc == 0 and "rank00005-x.arrows" in out + err
+    # every file empty
+    run = tmp_path / "allempty"
+    run.mkdir()
+    for p in _files(BALANCED):
+        (run / p.name).write_bytes(b"")
+    assert _analyze(run, capsys, "all empty")[0] == 2
+    # two files claiming the same rank
+    run = _copy(BALANCED, tmp_path / "duprank")
+    f0 = _files(run)[0]
+    shutil.copy(f0, run / ("rank00000-copy-" + f0.name.split("-", 1)[1]))
+    rc, out, err = _analyze(run, capsys, "duplicate rank")
+    assert rc == 0 and "also claims rank 0" in out + err
+    # files from two different runs in one directory: the newest is analyzed, the other named
+    run = _copy(BALANCED, tmp_path / "tworuns")
+    for p in _files(SLOW):
+        shutil.copy(p, run / p.name)
+    rc, out, err = _analyze(run, capsys, "two runs")
+    assert rc == 0 and "another run" in out + err
+    # missing ranks: 2 of 4
+    run = _copy(FOUR, tmp_path / "missing")
+    for p in _files(run)[1:3]:
+        p.unlink()
+    rc, out, err = _analyze(run, capsys, "missing ranks")
+    assert rc == 0 and "rank(s) 1, 2" in out + err
+
+
+def test_zz_print_case_count() -> None:
+    """Print how many damaged inputs the tests above tried (runs last in this module)."""
+    total = sum(CASES.values())
+    print(f"\nbad-input cases tried: {total} " + json.dumps(CASES))
+    assert total > 0 or not CASES

@@ -1,0 +1,318 @@
+"""The per-rank Recorder, its background writer, and the user API (span, scalar)."""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import math
+import signal
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers import make_header
+
+import hvtrace
+from hvtrace.load import load_run, read_rank_file
+from hvtrace.record import recorder as recmod
+from hvtrace.record.recorder import Recorder, active_recorder
+from hvtrace.record.writer import TraceFile
+from hvtrace.schema import DTYPE_CODE, KIND_CODE
+
+RUN = "20240101-000000-7ec0de"
+NEVER = 1e6  # a flush interval the writer thread never reaches during a test
+
+
+@pytest.fixture()
+def recorders():
+    """Create Recorders; afterwards close them and undo their process-wide side effects."""
+    saved = {
+        s: signal.getsignal(s) for s in (signal.SIGTERM, getattr(signal, "SIGXFSZ", None)) if s
+    }
+    made: list[Recorder] = []
+
+    def make(trace_dir, **kw) -> Recorder:
+        header = kw.pop("header", None) or make_header(0, 1, RUN)
+        rec = Recorder(trace_dir, header, **kw)
+        made.append(rec)
+        return rec
+
+    yield make
+    for rec in made:
+        rec.close()
+        atexit.unregister(rec.close)
+    recmod._set_active(None)
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def _hvtrace_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Warnings hvtrace logged (its one channel for 'tracing disabled')."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "hvtrace" and r.levelno >= logging.WARNING
+    ]
+
+
+def _rows(rf) -> list[dict]:
+    return rf.table.to_pylist()
+
+
+def test_add_close_writes_final_complete_file(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path / "trace", flush_interval_s=NEVER)
+    assert rec.enabled
+    assert rec.path == tmp_path / "trace" / f"rank00000-{RUN}.arrows"
+    rec.add(KIND_CODE["forward"], "forward", 100, 200)
+    rec.step = 1
+    rec.micro = 1
+    rec.add(KIND_CODE["allreduce"], "net.0.weight", 300, 400, 1024, DTYPE_CODE["float16"], flags=2)
+    rec.add(KIND_CODE["scalar"], "loss", 500, 500, value=0.5, step=0)
+    rec.close()
+    assert not rec.enabled
+    rec.close()  # idempotent
+
+    rf = read_rank_file(rec.path)
+    assert rf.complete and not rf.truncated
+    assert rf.dropped == 0
+    assert rf.header == rec.header
+    rows = _rows(rf)
+    assert [(r["kind"], r["name"], r["step"], r["micro"]) for r in rows] == [
+        ("forward", "forward", 0, 0),
+        ("allreduce", "net.0.weight", 1, 1),
+        ("scalar", "loss", 0, 1),
+    ]
+    assert [(r["start_ns"], r["end_ns"]) for r in rows] == [(100, 200), (300, 400), (500, 500)]
+    assert rows[1]["bytes"] == 1024 and rows[1]["dtype"] == "float16" and rows[1]["flags"] == 2
+    assert rows[2]["value"] == 0.5 and math.isnan(rows[0]["value"])
+    assert rf.last_step == 1
+    run = load_run(tmp_path / "trace")
+    assert run.complete and run.problems == []
+
+
+def test_writer_thread_flushes_periodically(tmp_path: Path, recorders) -> None:
+    """Spans reach the file within about one flush interval, before close()."""
+    rec = recorders(tmp_path, flush_interval_s=0.05)
+    for i in range(5):
+        rec.add(KIND_CODE["user"], f"u{i}", i, i + 1)
+    deadline = time.monotonic() + 20
+    spans = 0
+    while time.monotonic() < deadline:
+        if rec.path.exists() and rec.path.stat().st_size > 0:
+            rf = read_rank_file(rec.path)
+            spans = rf.spans
+            if spans == 5:
+                break
+        time.sleep(0.05)
+    assert spans == 5
+    assert not rf.complete  # still open
+    rec.close()
+    assert read_rank_file(rec.path).complete
+
+
+def test_full_buffer_drops_and_counts(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path, buffer_spans=10, flush_interval_s=NEVER)
+    for i in range(25):
+        rec.add(KIND_CODE["user"], f"s{i}", i, i + 1)
+    assert rec.dropped == 15
+    rec.close()
+    rf = read_rank_file(rec.path)
+    assert rf.dropped == 15
+    assert rf.spans == 10
+    assert [r["name"] for r in _rows(rf)] == [f"s{i}" for i in range(10)]  # the first ones kept
+    assert rf.complete
+    run = load_run(tmp_path)
+    assert not run.complete
+    assert any("dropped 15 spans" in p for p in run.problems), run.problems
+
+
+def test_buffer_frees_up_after_a_flush(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path, buffer_spans=4, flush_interval_s=NEVER)
+    for i in range(6):
+        rec.add(KIND_CODE["user"], f"a{i}", i, i)
+    rec.flush()
+    for i in range(3):
+        rec.add(KIND_CODE["user"], f"b{i}", i, i)
+    rec.close()
+    rf = read_rank_file(rec.path)
+    assert rf.dropped == 2
+    assert [r["name"] for r in _rows(rf)] == ["a0", "a1", "a2", "a3", "b0", "b1", "b2"]
+
+
+def test_unwritable_trace_dir_disables_with_one_warning(
+    tmp_path: Path, recorders, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    trace_dir = blocker / "trace"
+    with (
+        caplog.at_level(logging.WARNING, logger="hvtrace"),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        rec = recorders(trace_dir)  # must not raise
+        assert not rec.enabled
+        assert rec.writer is None
+        rec.add(KIND_CODE["user"], "x", 0, 1)  # the hot path still never raises
+        rec.fail("a second failure")  # no second warning
+        rec.flush()
+        rec.close()
+    msgs = _hvtrace_warnings(caplog)
+    assert len(msgs) == 1, msgs
+    assert "tracing disabled" in msgs[0]
+    assert str(trace_dir) in msgs[0]
+    # one channel: not repeated through the warnings module (the user would see it twice)
+    assert not [w for w in caught if "tracing disabled" in str(w.message)]
+    assert blocker.read_text() == "not a directory"
+    assert not trace_dir.exists()
+
+
+def test_span_context_manager_and_decorator(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path, flush_interval_s=NEVER)
+    recmod._set_active(rec)
+    assert active_recorder() is rec
+
+    rec.step = 3
+    with hvtrace.span("data") as sp:
+        assert isinstance(sp, hvtrace.span)
+        rec.step = 4  # the step advances inside the span: it still belongs to step 3
+        time.sleep(0.02)
+
+    @hvtrace.span("checkpoint")
+    def save(x: int, *, y: int = 0) -> int:
+        """Docstring kept."""
+        time.sleep(0.01)
+        return x + y
+
+    rec.step = 7
+    assert save(1, y=2) == 3
+    assert save.__name__ == "save" and save.__doc__ == "Docstring kept."
+    rec.step = 8
+    assert save(5) == 5
+
+    with pytest.raises(ValueError, match="boom"), hvtrace.span("failing"):
+        raise ValueError("boom")
+
+    rec.close()
+    rows = _rows(read_rank_file(rec.path))
+    assert all(r["kind"] == "user" for r in rows)
+    assert [(r["name"], r["step"]) for r in rows] == [
+        ("data", 3),
+        ("checkpoint", 7),
+        ("checkpoint", 8),
+        ("failing", 8),
+    ]
+    durations = [r["end_ns"] - r["start_ns"] for r in rows]
+    assert durations[0] >= 20_000_000
+    assert durations[1] >= 10_000_000 and durations[2] >= 10_000_000
+    assert all(d >= 0 for d in durations)
+    # nested/sequential spans are in time order
+    starts = [r["start_ns"] for r in rows]
+    assert starts == sorted(starts)
+
+
+def test_scalar_records_value_and_step(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path, flush_interval_s=NEVER)
+    recmod._set_active(rec)
+    rec.step = 5
+    hvtrace.scalar("loss", 1.25)
+    rec.step, rec.between_steps = 6, True  # after opt.step(): belongs to the step just finished
+    hvtrace.scalar("loss", 0.75)
+    rec.between_steps = False
+    hvtrace.scalar("lr", 3)
+    rec.close()
+    rows = _rows(read_rank_file(rec.path))
+    assert [(r["kind"], r["name"], r["step"], r["value"]) for r in rows] == [
+        ("scalar", "loss", 5, 1.25),
+        ("scalar", "loss", 5, 0.75),
+        ("scalar", "lr", 6, 3.0),
+    ]
+    assert all(r["start_ns"] == r["end_ns"] for r in rows)
+
+
+def test_span_and_scalar_are_noops_without_active_recorder(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path, flush_interval_s=NEVER)  # exists but is not active
+    assert active_recorder() is None
+
+    with hvtrace.span("nothing"):
+        pass
+
+    @hvtrace.span("deco")
+    def f() -> str:
+        return "ok"
+
+    assert f() == "ok"
+    assert hvtrace.scalar("loss", 1.0) is None
+    assert len(rec._buf) == 0
+
+    # an active but disabled recorder records nothing either
+    recmod._set_active(rec)
+    rec.enabled = False
+    with hvtrace.span("off"):
+        pass
+    assert f() == "ok"
+    hvtrace.scalar("loss", 2.0)
+    assert len(rec._buf) == 0
+    rec.enabled = True
+    rec.close()
+    assert read_rank_file(rec.path).spans == 0
+
+
+def test_writer_error_disables_and_keeps_flushed_spans(
+    tmp_path: Path, recorders, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = recorders(tmp_path, flush_interval_s=NEVER)
+    recmod._set_active(rec)
+    for i in range(5):
+        rec.add(KIND_CODE["user"], f"ok{i}", i, i + 1)
+    rec.flush()  # first batch written for real
+
+    def no_space(self, rows, status):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(TraceFile, "append", no_space)
+    for i in range(3):
+        rec.add(KIND_CODE["user"], f"lost{i}", i, i + 1)
+    with caplog.at_level(logging.WARNING, logger="hvtrace"):
+        rec.flush()  # must not raise
+        assert not rec.enabled
+        assert active_recorder() is None  # span()/scalar() stop recording at once
+        with hvtrace.span("after"):
+            pass
+        rec.flush()
+        rec.close()  # must not raise either
+    msgs = _hvtrace_warnings(caplog)
+    assert len(msgs) == 1, msgs
+    assert "tracing disabled" in msgs[0] and "No space left" in msgs[0]
+
+    monkeypatch.undo()
+    rf = read_rank_file(rec.path)
+    assert [r["name"] for r in _rows(rf)] == [f"ok{i}" for i in range(5)]
+    assert not rf.truncated
+    assert not rf.complete  # no final batch could be written
+    run = load_run(tmp_path)
+    assert any("not closed cleanly" in p for p in run.problems), run.problems
+
+
+def test_writer_error_in_background_thread(
+    tmp_path: Path, recorders, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same failure inside the writer thread: recording stops, training code never sees it."""
+
+    def no_space(self, rows, status):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(TraceFile, "append", no_space)
+    with caplog.at_level(logging.WARNING, logger="hvtrace"):
+        rec = recorders(tmp_path, flush_interval_s=0.02)
+        rec.add(KIND_CODE["user"], "x", 0, 1)
+        deadline = time.monotonic() + 20
+        while rec.enabled and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not rec.enabled
+        rec.add(KIND_CODE["user"], "y", 0, 1)
+        rec.close()
+    msgs = _hvtrace_warnings(caplog)
+    assert len(msgs) == 1 and "No space left" in msgs[0], msgs
