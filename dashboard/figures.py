@@ -1,0 +1,503 @@
+"""Figures of the dashboard: pure functions from DataFrames to plotly Figures.
+
+No function here computes a metric: the numbers come from :mod:`hvtrace.analysis` (through
+:class:`hvtrace_dashboard.app.DashboardData`) or, for the timeline, straight from the span table.
+Every figure stays small enough for the browser on large runs: the heat map bins steps into at
+most ``max_cols`` columns, the timeline draws each span kind as one WebGL line trace (``None``
+gaps between bars) and merges or cuts spans beyond ``max_spans``, and per-tensor charts show at
+most ``max_tensors`` bars each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+#: Colour of each span kind in the timeline (and its legend order).
+KIND_COLORS: dict[str, str] = {
+    "step": "#b0b0b0",
+    "input": "#8c564b",
+    "forward": "#1f77b4",
+    "backward": "#2ca02c",
+    "compute": "#17becf",
+    "allreduce": "#ff7f0e",
+    "wait": "#d62728",
+    "update": "#9467bd",
+    "user": "#e377c2",
+}
+#: Lane of each kind inside a rank's row, as (top, bottom) offsets from the row centre.
+_LANES: dict[str, tuple[float, float]] = {
+    "step": (-0.42, -0.34),
+    "user": (-0.30, -0.22),
+    "input": (-0.18, 0.02),
+    "forward": (-0.18, 0.02),
+    "backward": (-0.18, 0.02),
+    "compute": (-0.18, 0.02),
+    "wait": (-0.18, 0.02),
+    "update": (-0.18, 0.02),
+    "allreduce": (0.08, 0.42),
+}
+#: Spans the timeline draws at most (above: allreduces merged per rank and step, then cut).
+MAX_TIMELINE_SPANS = 10_000
+#: Heat-map columns at most (above: steps are binned).
+MAX_HEATMAP_COLS = 500
+
+_FONT = {"family": "Inter, Segoe UI, Helvetica, Arial, sans-serif", "size": 12}
+_MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
+
+
+def _base_layout(title: str, height: int) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 15}},
+        "height": height,
+        "margin": _MARGIN,
+        "font": _FONT,
+        "template": "plotly_white",
+    }
+
+
+def empty_figure(message: str, height: int = 260) -> go.Figure:
+    """Return a figure that only says ``message`` (no data to draw)."""
+    fig = go.Figure()
+    fig.update_layout(**_base_layout("", height))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.add_annotation(
+        text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font_size=14
+    )
+    return fig
+
+
+def _fmt_ms(ns: np.ndarray) -> np.ndarray:
+    return np.char.mod("%.3f", np.asarray(ns, dtype=np.float64) / 1e6)
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= div:
+            return f"{b / div:.2f} {unit}"
+    return f"{int(b)} B"
+
+
+def rank_labels(ranks: Sequence[int], hosts: dict[int, str] | None = None) -> list[str]:
+    """Return row labels "rank N" (with the host when several hosts are involved)."""
+    hosts = hosts or {}
+    multi = len({hosts.get(r) for r in ranks}) > 1
+    return [f"{r} · {hosts.get(r, '?')}" if multi else f"rank {r}" for r in ranks]
+
+
+# -- heat map -----------------------------------------------------------------------------------
+
+
+def heatmap_figure(
+    values: pd.DataFrame,
+    title: str,
+    unit: str = "ms",
+    hosts: dict[int, str] | None = None,
+    highlight_ranks: Sequence[int] = (),
+    max_cols: int = MAX_HEATMAP_COLS,
+    colorscale: str = "YlOrRd",
+) -> go.Figure:
+    """Return a rank x step heat map of ``values`` (index: rank, columns: step, cells: a number).
+
+    More than ``max_cols`` steps are binned (mean per bin); each cell's ``customdata`` is the step
+    to open when it is clicked (the cell's own step, or the bin's worst step for that rank). The
+    colour range ignores the first step and the extreme cells (top 2 %, 0.5 % from 1,000 cells)
+    so that one warm-up step or one hiccup does not wash out the rest; hover shows the true
+    value. ``highlight_ranks`` are marked on the y axis.
+    """
+    if values is None or values.empty or values.shape[1] == 0:
+        return empty_figure("no per-step data to show")
+    values = values.sort_index().sort_index(axis=1)
+    ranks = [int(r) for r in values.index]
+    steps = np.asarray(values.columns, dtype=np.int64)
+    z = values.to_numpy(dtype=np.float64)
+    ncol = z.shape[1]
+    if ncol > max_cols:
+        width = int(np.ceil(ncol / max_cols))
+        nb = int(np.ceil(ncol / width))
+        pad = nb * width - ncol
+        zp = np.pad(z, ((0, 0), (0, pad)), constant_values=np.nan).reshape(len(ranks), nb, width)
+        sp = np.pad(steps, (0, pad), constant_values=-1).reshape(nb, width)
+        with np.errstate(all="ignore"):
+            zbin = np.nanmean(zp, axis=2)
+        filled = np.where(np.isnan(zp), -np.inf, zp)
+        worst = np.take_along_axis(
+            np.broadcast_to(sp, zp.shape), filled.argmax(axis=2)[..., None], axis=2
+        )[..., 0]
+        x = sp[:, 0]
+        custom = worst
+        z = zbin
+        xtitle = f"step ({width} steps per column, mean)"
+        where = f"{width} steps from step %{{x}} (worst: step %{{customdata}})"
+    else:
+        x = steps
+        custom = np.broadcast_to(steps, z.shape)
+        xtitle = "step"
+        where = "step %{x}"
+    scale = z[:, 1:] if z.shape[1] > 2 else z
+    finite = scale[np.isfinite(scale)]
+    zmin = zmax = None
+    if finite.size:
+        q_hi = 0.98 if finite.size < 1000 else 0.995
+        lo, hi = np.quantile(finite, [0.005, q_hi]) if finite.size >= 50 else (None, None)
+        zmin = float(lo) if lo is not None else float(finite.min())
+        zmax = float(hi) if hi is not None else float(finite.max())
+        if zmax <= zmin:
+            zmax = zmin + 1e-9
+    hl = set(int(r) for r in highlight_ranks)
+    labels = [f"{lab} ◀" if r in hl else lab for r, lab in zip(ranks, rank_labels(ranks, hosts))]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.astype(np.float32),
+            x=x,
+            y=labels,
+            customdata=np.ascontiguousarray(custom, dtype=np.int32),
+            zmin=zmin,
+            zmax=zmax,
+            colorscale=colorscale,
+            colorbar={"title": {"text": unit, "side": "right"}, "thickness": 12},
+            hovertemplate="%{y}<br>"
+            + where
+            + "<br>%{z:.3f} "
+            + unit
+            + "<extra>click: open timeline</extra>",
+            hoverongaps=False,
+        )
+    )
+    height = int(min(720, max(260, 110 + 16 * len(ranks))))
+    fig.update_layout(**_base_layout(title, height))
+    every = max(1, int(np.ceil(len(ranks) / 40)))
+    fig.update_yaxes(
+        type="category",
+        tickvals=labels[::every],
+        ticktext=labels[::every],
+        autorange="reversed",
+        title=None,
+    )
+    fig.update_xaxes(title=xtitle, showgrid=False)
+    return fig
+
+
+# -- timeline -----------------------------------------------------------------------------------
+
+
+def _merge_allreduces(spans: pd.DataFrame) -> pd.DataFrame:
+    """Replace each rank/step/micro's allreduce spans by one envelope span ("N tensors")."""
+    ar = spans["kind"] == "allreduce"
+    if not ar.any():
+        return spans
+    g = spans[ar].groupby(["rank", "step", "micro"], observed=True, sort=False)
+    merged = g.agg(
+        start_ns=("start_ns", "min"),
+        end_ns=("end_ns", "max"),
+        bytes=("bytes", "sum"),
+        n=("start_ns", "size"),
+    ).reset_index()
+    merged["kind"] = "allreduce"
+    merged["name"] = merged["n"].map(lambda n: f"{n} tensors (merged)")
+    merged["dtype"] = ""
+    rest = spans[~ar]
+    cols = ["rank", "step", "micro", "kind", "name", "start_ns", "end_ns", "bytes", "dtype"]
+    out = pd.concat(
+        [rest[cols].astype({"kind": str, "name": str, "dtype": str}), merged[cols]],
+        ignore_index=True,
+    )
+    return out
+
+
+def timeline_figure(
+    spans: pd.DataFrame,
+    ranks: Sequence[int] | None = None,
+    t0_ns: int | None = None,
+    title: str = "Timeline",
+    hosts: dict[int, str] | None = None,
+    max_spans: int = MAX_TIMELINE_SPANS,
+    focus_step: int | None = None,
+) -> go.Figure:
+    """Return a timeline of ``spans``: one row per rank, bars coloured by kind.
+
+    ``spans`` has the columns of :attr:`hvtrace.load.Run.spans` (already cut to the window and
+    ranks to show); ``ranks`` fixes the rows (default: the ranks present). x is seconds since
+    ``t0_ns`` (default: the first span). Each kind is one ``Scattergl`` line trace whose bars are
+    separated by gaps, plus a marker trace at the bars' midpoints for hover (name, tensor, bytes,
+    duration). Beyond ``max_spans`` spans, allreduces are merged per rank and step, then the
+    latest spans are cut; the title says so. ``focus_step``'s extent is shaded.
+    """
+    spans = spans[spans["kind"].isin(list(KIND_COLORS))] if len(spans) else spans
+    if ranks is None:
+        ranks = sorted(int(r) for r in spans["rank"].unique()) if len(spans) else []
+    ranks = [int(r) for r in ranks]
+    if not len(spans) or not ranks:
+        return empty_figure("no spans in this window for the selected ranks")
+    note = ""
+    if len(spans) > max_spans:
+        spans = _merge_allreduces(spans)
+        note = " · allreduces merged per step"
+        if len(spans) > max_spans:
+            spans = spans.nsmallest(max_spans, "start_ns")
+            note += f" · cut to the first {max_spans:,} spans"
+    if t0_ns is None:
+        t0_ns = int(spans["start_ns"].min())
+    row_of = {r: i for i, r in enumerate(ranks)}
+    nrows = len(ranks)
+    row_px = int(max(16, min(64, 720 // nrows)))
+    height = 120 + nrows * row_px
+    rows = spans["rank"].map(row_of).to_numpy(dtype=np.float64)
+    kinds = spans["kind"].astype(str).to_numpy()
+    start = spans["start_ns"].to_numpy(dtype=np.int64)
+    end = spans["end_ns"].to_numpy(dtype=np.int64)
+    names = spans["name"].astype(str).to_numpy()
+    nbytes = spans["bytes"].to_numpy(dtype=np.int64)
+    dtypes = spans["dtype"].astype(str).to_numpy() if "dtype" in spans else np.full(len(spans), "")
+    stepcol = spans["step"].to_numpy(dtype=np.int64)
+    xs = (start - t0_ns) / 1e9
+    xe = (np.maximum(end, start) - t0_ns) / 1e9
+    fig = go.Figure()
+    hx: list[np.ndarray] = []
+    hy: list[np.ndarray] = []
+    htext: list[np.ndarray] = []
+    for kind, color in KIND_COLORS.items():
+        m = kinds == kind
+        n = int(m.sum())
+        if not n:
+            continue
+        top, bot = _LANES[kind]
+        y = rows[m]
+        if kind == "allreduce":
+            # one sub-lane per tensor (by order of arrival in its step) so overlapping tensors show
+            # tensors ordered by their earliest arrival in the window (gradient-ready order)
+            first = pd.Series(start[m]).groupby(names[m]).min().sort_values()
+            lane_of = {n: i for i, n in enumerate(first.index)}
+            order = np.fromiter((lane_of[n] for n in names[m]), np.int64, n)
+            lanes = max(1, len(lane_of))
+            y = y + top + (bot - top) * (order + 0.5) / lanes
+            width = max(1.0, 0.8 * (bot - top) * row_px / lanes)
+        else:
+            y = y + (top + bot) / 2
+            width = max(1.5, 0.9 * (bot - top) * row_px)
+        lx = np.empty(3 * n)
+        lx[0::3], lx[1::3], lx[2::3] = xs[m], xe[m], np.nan
+        ly = np.empty(3 * n)
+        ly[0::3], ly[1::3], ly[2::3] = y, y, np.nan
+        dur = _fmt_ms(end[m] - start[m])
+        info = np.array(
+            [
+                f"<b>{kind}</b> {nm}<br>rank {ranks[int(rw)]} · step {st}<br>{d} ms"
+                + (f"<br>{_fmt_bytes(b)} {dt}" if b else "")
+                for nm, rw, st, d, b, dt in zip(
+                    names[m], rows[m], stepcol[m], dur, nbytes[m], dtypes[m]
+                )
+            ],
+            dtype=object,
+        )
+        fig.add_trace(
+            go.Scattergl(
+                x=lx,
+                y=ly,
+                mode="lines",
+                line={"color": color, "width": width},
+                name=kind,
+                legendgroup=kind,
+                hoverinfo="skip",
+                connectgaps=False,
+            )
+        )
+        hx.append((xs[m] + xe[m]) / 2)
+        hy.append(y)
+        htext.append(info)
+    # one invisible marker per bar, at its middle, carries the hover text of every kind
+    fig.add_trace(
+        go.Scattergl(
+            x=np.concatenate(hx),
+            y=np.concatenate(hy),
+            mode="markers",
+            marker={"color": "#444", "size": 6, "opacity": 0.0},
+            name="spans",
+            showlegend=False,
+            text=np.concatenate(htext),
+            hovertemplate="%{text}<extra></extra>",
+        )
+    )
+    if focus_step is not None:
+        f = stepcol == focus_step
+        if f.any():
+            fig.add_vrect(
+                x0=float(xs[f].min()),
+                x1=float(xe[f].max()),
+                fillcolor="#fff3c4",
+                opacity=0.45,
+                line_width=0,
+                layer="below",
+            )
+    plot_px = nrows * row_px
+    fig.update_layout(
+        **_base_layout(title + note, height + 40),
+        hovermode="closest",
+        legend={
+            "orientation": "h",
+            "y": -58 / plot_px,  # below the x axis title, whatever the number of rows
+            "yanchor": "top",
+            "x": 0,
+            "xanchor": "left",
+        },
+        uirevision=f"{title}|{','.join(map(str, ranks))}",
+    )
+    fig.update_layout(margin={**_MARGIN, "b": 80})
+    fig.update_yaxes(
+        tickvals=list(range(nrows)),
+        ticktext=rank_labels(ranks, hosts),
+        range=[nrows - 0.5, -0.5],
+        showgrid=False,
+        zeroline=False,
+        fixedrange=True,
+    )
+    pad = (float(xe.max()) - float(xs.min())) * 0.01
+    fig.update_xaxes(
+        title="time since run start (s, rank 0's clock)",
+        range=[float(xs.min()) - pad, float(xe.max()) + pad],
+        showgrid=True,
+        zeroline=False,
+    )
+    return fig
+
+
+# -- comm/compute and tensors ---------------------------------------------------------------------
+
+
+def ratio_per_rank_figure(
+    per_rank: pd.DataFrame,
+    value: str = "comm_compute_ratio",
+    title: str = "Comm/compute ratio per rank (median over steps)",
+    highlight_ranks: Sequence[int] = (),
+    hosts: dict[int, str] | None = None,
+) -> go.Figure:
+    """Return a bar per rank of ``per_rank[value]`` (index or column ``rank``)."""
+    if per_rank is None or per_rank.empty or value not in per_rank:
+        return empty_figure("no per-rank comm/compute data")
+    df = per_rank.reset_index() if "rank" not in per_rank.columns else per_rank
+    ranks = df["rank"].astype(int).to_numpy()
+    hl = set(int(r) for r in highlight_ranks)
+    colors = ["#d62728" if r in hl else "#1f77b4" for r in ranks]
+    hosts = hosts or {}
+    fig = go.Figure(
+        go.Bar(
+            x=ranks,
+            y=df[value].to_numpy(dtype=np.float64),
+            marker_color=colors,
+            customdata=[hosts.get(int(r), "") for r in ranks],
+            hovertemplate="rank %{x} %{customdata}<br>%{y:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(**_base_layout(title, 300), bargap=0.15)
+    fig.update_xaxes(title="rank", type="category" if len(ranks) <= 64 else "linear")
+    fig.update_yaxes(title="allreduce time / compute time")
+    return fig
+
+
+def ratio_over_steps_figure(
+    per_step: pd.DataFrame,
+    columns: dict[str, str] | None = None,
+    title: str = "Comm/compute ratio over steps",
+    y_title: str = "ratio",
+) -> go.Figure:
+    """Return one WebGL line per entry of ``columns`` ({column: label}) against ``per_step``'s
+    ``step`` column or index."""
+    if per_step is None or per_step.empty:
+        return empty_figure("no per-step comm/compute data")
+    df = per_step.reset_index() if "step" not in per_step.columns else per_step
+    columns = columns or {c: c for c in df.columns if c != "step"}
+    fig = go.Figure()
+    scatter = go.Scattergl if len(df) * len(columns) > 20_000 else go.Scatter
+    for col, label in columns.items():
+        if col in df:
+            fig.add_trace(
+                scatter(
+                    x=df["step"].to_numpy(),
+                    y=df[col].to_numpy(dtype=np.float64),
+                    mode="lines",
+                    name=label,
+                    hovertemplate="step %{x}<br>%{y:.3f}<extra>" + label + "</extra>",
+                )
+            )
+    fig.update_layout(
+        **_base_layout(title, 320),
+        legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0, "xanchor": "left"},
+    )
+    fig.update_layout(margin={**_MARGIN, "b": 80})
+    fig.update_xaxes(title=None)
+    fig.update_yaxes(title=y_title, rangemode="tozero")
+    return fig
+
+
+def tensor_figure(
+    per_tensor: pd.DataFrame,
+    time_col: str = "time_ms",
+    busbw_col: str = "busbw_gbps",
+    name_col: str = "name",
+    bytes_col: str | None = "bytes",
+    max_tensors: int = 200,
+    title: str = "Allreduce time and bus bandwidth per tensor (median over steps and ranks)",
+) -> go.Figure:
+    """Return two bar rows sharing the tensor axis: allreduce time and busbw per tensor.
+
+    More than ``max_tensors`` tensors: the ones with the largest time are kept.
+    """
+    if per_tensor is None or per_tensor.empty or time_col not in per_tensor:
+        return empty_figure("no allreduce spans in this run")
+    df = per_tensor.reset_index() if name_col not in per_tensor.columns else per_tensor
+    note = ""
+    if len(df) > max_tensors:
+        df = df.nlargest(max_tensors, time_col)
+        note = f" · {max_tensors} slowest of {len(per_tensor)}"
+    names = df[name_col].astype(str).to_numpy()
+    sizes = (
+        [_fmt_bytes(float(b)) for b in df[bytes_col]]
+        if bytes_col and bytes_col in df
+        else [""] * len(df)
+    )
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    fig.add_trace(
+        go.Bar(
+            x=names,
+            y=df[time_col].to_numpy(dtype=np.float64),
+            marker_color=KIND_COLORS["allreduce"],
+            name="allreduce time",
+            text=sizes,
+            textposition="none",
+            hovertemplate="%{x} (%{text})<br>%{y:.3f} ms<extra>allreduce time</extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    if busbw_col in df:
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=df[busbw_col].to_numpy(dtype=np.float64),
+                marker_color="#1f77b4",
+                name="busbw",
+                text=sizes,
+                textposition="none",
+                hovertemplate="%{x} (%{text})<br>%{y:.3f} GB/s<extra>busbw</extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    fig.update_layout(**_base_layout(title + note, 520), showlegend=False, bargap=0.2)
+    longest = max((len(n) for n in names), default=0)
+    fig.update_layout(margin={**_MARGIN, "b": int(min(200, 30 + 6 * longest))})
+    fig.update_yaxes(title="ms", row=1, col=1)
+    fig.update_yaxes(title="busbw GB/s", row=2, col=1)
+    fig.update_xaxes(tickangle=-45, type="category", row=2, col=1)
+    return fig
+
+
+def bench_builders(data: Any) -> dict[str, Callable[[], go.Figure]]:
+    """Return {name: zero-argument builder} for every figure of the page (for the benchmark)."""
+    return data.figure_builders()

@@ -1,0 +1,243 @@
+"""The page: header, heat map, step-window controls, timeline, straggler table, comm charts.
+
+Every graph is created with its first figure already in it, so the first render needs no
+callback round trip; callbacks (see :mod:`hvtrace_dashboard.callbacks`) only run on user input.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from dash import dcc, html
+
+if TYPE_CHECKING:
+    from hvtrace_dashboard.app import DashboardData
+
+#: Step-window sizes offered in the timeline control.
+WINDOW_SIZES = (1, 2, 3, 5, 10, 20, 50)
+
+CSS = """
+body { margin: 0; background: #f5f6f8; color: #1d2330;
+       font-family: Inter, "Segoe UI", Helvetica, Arial, sans-serif; font-size: 14px; }
+.hv-page { max-width: 1500px; margin: 0 auto; padding: 14px 20px 40px; }
+.hv-title { display: flex; align-items: baseline; gap: 14px; flex-wrap: wrap; }
+.hv-title h1 { font-size: 22px; margin: 4px 0; }
+.hv-sub { color: #5b6473; font-size: 13px; }
+.hv-cards { display: flex; gap: 10px; flex-wrap: wrap; margin: 10px 0; }
+.hv-card { background: #fff; border: 1px solid #e1e4ea; border-radius: 8px; padding: 8px 14px;
+           min-width: 110px; }
+.hv-card .v { font-size: 20px; font-weight: 600; }
+.hv-card .k { font-size: 12px; color: #5b6473; text-transform: uppercase; letter-spacing: .03em; }
+.hv-card.bad { border-color: #e8a0a0; background: #fff5f5; }
+.hv-panel { background: #fff; border: 1px solid #e1e4ea; border-radius: 8px; padding: 8px 12px;
+            margin: 10px 0; }
+.hv-panel h2 { font-size: 15px; margin: 6px 0 8px; }
+.hv-findings { margin: 4px 0; padding-left: 20px; }
+.hv-findings li { margin: 2px 0; }
+.hv-problems { color: #8a5a00; font-size: 12px; }
+.hv-controls { display: flex; gap: 14px; align-items: center; flex-wrap: wrap; margin: 4px 0; }
+.hv-controls label { font-size: 12px; color: #5b6473; }
+.hv-row { display: flex; gap: 10px; flex-wrap: wrap; }
+.hv-row > .hv-panel { flex: 1 1 520px; min-width: 0; }
+table.hv-table { border-collapse: collapse; font-size: 13px; width: 100%; }
+table.hv-table th, table.hv-table td { padding: 4px 10px; border-bottom: 1px solid #eceef2;
+                                        text-align: left; }
+table.hv-table th { color: #5b6473; font-weight: 600; }
+table.hv-table td.num { text-align: right; font-variant-numeric: tabular-nums; }
+"""
+
+INDEX_STRING = (
+    """<!DOCTYPE html>
+<html>
+  <head>
+    {%metas%}
+    <title>{%title%}</title>
+    {%favicon%}
+    {%css%}
+    <style>"""
+    + CSS
+    + """</style>
+  </head>
+  <body>
+    {%app_entry%}
+    <footer>{%config%}{%scripts%}{%renderer%}</footer>
+  </body>
+</html>"""
+)
+
+_GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": False}
+
+
+def _card(key: str, value: str, bad: bool = False, card_id: str | None = None) -> html.Div:
+    kw = {"id": card_id} if card_id else {}
+    return html.Div(
+        [html.Div(value, className="v"), html.Div(key, className="k")],
+        className="hv-card bad" if bad else "hv-card",
+        **kw,
+    )
+
+
+def header(data: DashboardData) -> html.Div:
+    """Return the header: run id, summary cards, findings and loading problems."""
+    s = data.summary
+    cards = [_card(k, v, bad=(k == "stragglers" and v not in ("0", "—"))) for k, v in s.items()]
+    findings = data.findings or ["no findings"]
+    children: list[Any] = [
+        html.Div(
+            [
+                html.H1("hvtrace dashboard"),
+                html.Span(f"run {data.run_id} · {data.run_dir}", className="hv-sub"),
+            ],
+            className="hv-title",
+        ),
+        html.Div(cards, className="hv-cards", id="summary-cards"),
+        html.Div(
+            [
+                html.H2("Findings"),
+                html.Ul([html.Li(f) for f in findings], className="hv-findings", id="findings"),
+            ],
+            className="hv-panel",
+        ),
+    ]
+    if data.problems:
+        children.append(
+            html.Details(
+                [
+                    html.Summary(f"{len(data.problems)} problem(s) while loading the run"),
+                    html.Ul([html.Li(p) for p in data.problems]),
+                ],
+                className="hv-problems",
+            )
+        )
+    if data.clock_note:
+        children.append(html.Div(data.clock_note, className="hv-sub"))
+    return html.Div(children, id="header")
+
+
+def straggler_table(table: pd.DataFrame | None, hosts: dict[int, str]) -> html.Div:
+    """Return the straggler table (or a sentence saying there is none)."""
+    if table is None or table.empty:
+        return html.Div("No straggler found.", id="straggler-table", className="hv-sub")
+    cols = list(table.columns)
+    head = html.Tr([html.Th(c.replace("_", " ")) for c in cols])
+    body = []
+    for rec in table.to_dict("records"):
+        cells = []
+        for c in cols:
+            v = rec[c]
+            if isinstance(v, float) and c.endswith("share"):
+                cells.append(html.Td("—" if v != v else f"{v:.0%}", className="num"))
+            elif isinstance(v, float):
+                txt = "—" if v != v else (f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}")
+                cells.append(html.Td(txt, className="num"))
+            else:
+                cells.append(html.Td(str(v)))
+        body.append(html.Tr(cells))
+    return html.Table(
+        [html.Thead(head), html.Tbody(body)], className="hv-table", id="straggler-table"
+    )
+
+
+def build_layout(data: DashboardData, initial: dict[str, Any]) -> html.Div:
+    """Return the page for ``data``; ``initial`` holds the first figures and control values."""
+    last = max(data.last_step, 0)
+    metric_opts = [{"label": v, "value": k} for k, v in data.heat_labels.items()]
+    rank_opts = [{"label": lab, "value": r} for r, lab in zip(data.ranks, data.rank_names)]
+    return html.Div(
+        [
+            header(data),
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.H2("Ranks x steps", style={"margin": "0"}),
+                            dcc.RadioItems(
+                                id="heat-metric",
+                                options=metric_opts,
+                                value=initial["metric"],
+                                inline=True,
+                                inputStyle={"marginRight": "4px", "marginLeft": "12px"},
+                            ),
+                            html.Span(
+                                "click a cell to open that step in the timeline",
+                                className="hv-sub",
+                            ),
+                        ],
+                        className="hv-controls",
+                    ),
+                    dcc.Graph(id="heatmap", figure=initial["heatmap"], config=_GRAPH_CONFIG),
+                ],
+                className="hv-panel",
+            ),
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.H2("Timeline", style={"margin": "0"}),
+                            html.Label("first step"),
+                            html.Button("◀", id="win-prev", n_clicks=0, title="previous window"),
+                            dcc.Input(
+                                id="win-start",
+                                type="number",
+                                min=0,
+                                max=last,
+                                step=1,
+                                value=initial["start"],
+                                debounce=True,
+                                style={"width": "80px"},
+                            ),
+                            html.Button("▶", id="win-next", n_clicks=0, title="next window"),
+                            html.Label("steps shown"),
+                            dcc.Dropdown(
+                                id="win-size",
+                                options=[{"label": str(n), "value": n} for n in WINDOW_SIZES],
+                                value=initial["size"],
+                                clearable=False,
+                                style={"width": "80px"},
+                            ),
+                            html.Label("ranks"),
+                            dcc.Dropdown(
+                                id="rank-filter",
+                                options=rank_opts,
+                                value=[],
+                                multi=True,
+                                placeholder="all ranks",
+                                style={"minWidth": "260px", "flex": "1"},
+                            ),
+                        ],
+                        className="hv-controls",
+                    ),
+                    dcc.Store(id="focus-step", data=initial["focus"]),
+                    dcc.Graph(id="timeline", figure=initial["timeline"], config=_GRAPH_CONFIG),
+                ],
+                className="hv-panel",
+            ),
+            html.Div(
+                [html.H2("Stragglers"), straggler_table(data.stragglers, data.hosts)],
+                className="hv-panel",
+            ),
+            html.Div(
+                [
+                    html.Div(
+                        dcc.Graph(
+                            id="ratio-rank", figure=initial["ratio_rank"], config=_GRAPH_CONFIG
+                        ),
+                        className="hv-panel",
+                    ),
+                    html.Div(
+                        dcc.Graph(
+                            id="ratio-steps", figure=initial["ratio_steps"], config=_GRAPH_CONFIG
+                        ),
+                        className="hv-panel",
+                    ),
+                ],
+                className="hv-row",
+            ),
+            html.Div(
+                dcc.Graph(id="tensors", figure=initial["tensors"], config=_GRAPH_CONFIG),
+                className="hv-panel",
+            ),
+        ],
+        className="hv-page",
+    )

@@ -1,0 +1,217 @@
+"""Allreduce sizes, times and bandwidth, per tensor and per step.
+
+What "time" means here, truthfully: an allreduce cannot start before the *last* rank enqueued its
+tensor, and each rank only records when it *observed* the result (on the CPU, by polling: an upper
+bound on completion). So one collective (same step, same tensor on every rank) takes
+
+    time_ns = min over ranks of observed end - max over ranks of enqueue time
+
+and its bandwidth follows the nccl-tests definitions: ``algbw = bytes / time`` and
+``busbw = algbw * 2 (n - 1) / n`` for ``n`` ranks. Horovod also fuses several tensors into one
+buffer, so a tensor's time includes its fusion partners': per-tensor bandwidth is a lower bound.
+
+Bandwidths are in GB/s (10**9 bytes per second), which is the same number as bytes per ns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis.steps import analyzed_steps, kind_codes, name_codes
+from hvtrace.schema import KIND_CODE
+
+#: Printed with bandwidth numbers: what they are and why they are lower bounds.
+BANDWIDTH_CAVEAT = (
+    "allreduce end times are when each rank observed completion (upper bounds on the CPU), and "
+    "Horovod fuses tensors, so per-tensor bandwidth is a lower bound"
+)
+
+
+def bus_factor(n_ranks: int | np.ndarray) -> float | np.ndarray:
+    """Return the nccl-tests allreduce bus-bandwidth factor ``2 (n - 1) / n`` (0 for n <= 1)."""
+    n = np.asarray(n_ranks, dtype=np.float64)
+    f = np.where(n > 1, 2.0 * (n - 1.0) / np.maximum(n, 1.0), 0.0)
+    return float(f) if f.ndim == 0 else f
+
+
+def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per allreduce collective (step, tensor name), over all ranks that did it.
+
+    Columns: ``step``, ``name``, ``n_ranks`` (ranks that recorded it), ``bytes`` (the largest of
+    the ranks' byte counts), ``dtype``, ``first_start_ns`` / ``last_start_ns`` (earliest / latest
+    enqueue over ranks), ``end_ns`` (earliest observed completion over ranks), ``time_ns`` =
+    ``end_ns - last_start_ns`` (NaN when not positive, which only clock error can cause),
+    ``spread_ns`` = ``last_start_ns - first_start_ns`` (how long the first rank waited for the
+    last one), ``algbw_gbps`` = bytes / time_ns.
+    """
+    kinds = kind_codes(spans)
+    sel = np.flatnonzero(kinds == KIND_CODE["allreduce"])
+    cols = [
+        "step",
+        "name",
+        "n_ranks",
+        "bytes",
+        "dtype",
+        "first_start_ns",
+        "last_start_ns",
+        "end_ns",
+        "time_ns",
+        "spread_ns",
+        "algbw_gbps",
+    ]
+    if len(sel) == 0:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+    codes, names = name_codes(spans)
+    codes = codes[sel]
+    step = spans["step"].to_numpy(dtype=np.int64)[sel]
+    smin = int(step.min())
+    width = int(codes.max()) + 2
+    key = (step - smin) * width + (codes + 1)
+    dtype = spans["dtype"] if "dtype" in spans.columns else pd.Series([""] * len(spans))
+    if not isinstance(dtype.dtype, pd.CategoricalDtype):
+        dtype = dtype.astype(str).astype("category")
+    start = spans["start_ns"].to_numpy(dtype=np.int64)[sel]
+    end = spans["end_ns"].to_numpy(dtype=np.int64)[sel]
+    nbytes = spans["bytes"].to_numpy(dtype=np.int64)[sel]
+    dcode = dtype.cat.codes.to_numpy()[sel].astype(np.int64)
+    n_keys = (int(step.max()) - smin + 1) * width
+    if n_keys <= 1 << 26:  # dense key space: one pass of ufunc.at per column
+        count = np.bincount(key, minlength=n_keys)
+        k = np.flatnonzero(count)
+        agg = {"n_ranks": count[k]}
+        for col, vals, fn, init in (
+            ("first_start_ns", start, np.minimum, np.iinfo(np.int64).max),
+            ("last_start_ns", start, np.maximum, np.iinfo(np.int64).min),
+            ("end_ns", end, np.minimum, np.iinfo(np.int64).max),
+            ("bytes", nbytes, np.maximum, np.iinfo(np.int64).min),
+            ("dtype", dcode, np.maximum, -1),
+        ):
+            acc = np.full(n_keys, init, np.int64)
+            fn.at(acc, key, vals)
+            agg[col] = acc[k]
+    else:
+        df = pd.DataFrame({"key": key, "start": start, "end": end, "bytes": nbytes, "dtype": dcode})
+        g = df.groupby("key", sort=True).agg(
+            n_ranks=("start", "size"),
+            first_start_ns=("start", "min"),
+            last_start_ns=("start", "max"),
+            end_ns=("end", "min"),
+            bytes=("bytes", "max"),
+            dtype=("dtype", "max"),
+        )
+        k = g.index.to_numpy()
+        agg = {c: g[c].to_numpy(np.int64) for c in g.columns}
+    dtypes = np.append(np.asarray(dtype.cat.categories.astype(str), dtype=object), "")
+    out = pd.DataFrame(
+        {
+            "step": k // width + smin,
+            "name": np.append(names.to_numpy(dtype=object), "?")[k % width - 1],
+            "n_ranks": agg["n_ranks"].astype(np.int64),
+            "bytes": agg["bytes"],
+            "dtype": dtypes[np.where(agg["dtype"] < 0, len(dtypes) - 1, agg["dtype"])],
+            "first_start_ns": agg["first_start_ns"],
+            "last_start_ns": agg["last_start_ns"],
+            "end_ns": agg["end_ns"],
+        }
+    )
+    t = (out["end_ns"] - out["last_start_ns"]).astype("float64")
+    out["time_ns"] = t.where(t > 0)
+    out["spread_ns"] = out["last_start_ns"] - out["first_start_ns"]
+    out["algbw_gbps"] = out["bytes"] / out["time_ns"]
+    return out
+
+
+def tensor_table(
+    collectives: pd.DataFrame, size: int, skip_steps: int = 1, complete_only: bool = True
+) -> pd.DataFrame:
+    """Return one row per tensor name: size, median time and bandwidth over the analyzed steps.
+
+    ``collectives``: :func:`collective_table` output; ``size``: ranks in the run (``n`` of the
+    bus-bandwidth factor). Steps before ``skip_steps`` are left out (unless nothing would remain);
+    with ``complete_only`` so are collectives that not every rank recorded.
+
+    Columns: ``name``, ``dtype``, ``bytes`` (median), ``steps``, ``time_ms`` (median of
+    :func:`collective_table`'s ``time_ns``), ``spread_ms`` (median arrival spread), ``algbw_gbps``
+    = bytes / median time, ``busbw_gbps`` = algbw x 2(n-1)/n. Sorted by ``time_ms``, largest first.
+    """
+    cols = [
+        "name",
+        "dtype",
+        "bytes",
+        "steps",
+        "time_ms",
+        "spread_ms",
+        "algbw_gbps",
+        "busbw_gbps",
+    ]
+    c = collectives
+    if c.empty:
+        return pd.DataFrame({k: pd.Series(dtype=float) for k in cols})
+    kept = c[c["step"] >= skip_steps]
+    c = kept if len(kept) else c
+    if complete_only:
+        full = c[c["n_ranks"] >= size]
+        c = full if len(full) else c
+    g = c.groupby("name", sort=False)
+    out = pd.DataFrame(
+        {
+            "dtype": g["dtype"].first(),
+            "bytes": g["bytes"].median(),
+            "steps": g.size(),
+            "time_ms": g["time_ns"].median() / 1e6,
+            "spread_ms": g["spread_ns"].median() / 1e6,
+        }
+    )
+    out["algbw_gbps"] = out["bytes"] / (out["time_ms"] * 1e6)
+    out["busbw_gbps"] = out["algbw_gbps"] * bus_factor(size)
+    out = out.reset_index().sort_values(["time_ms", "bytes"], ascending=False, na_position="last")
+    return out[cols].reset_index(drop=True)
+
+
+def step_comm_table(steps: pd.DataFrame, size: int) -> pd.DataFrame:
+    """Return per step the aggregate communication: bytes, time and bandwidth.
+
+    ``steps``: :func:`hvtrace.analysis.steps.step_table` output. Columns: ``step``, ``bytes``
+    (median over ranks of the bytes allreduced in the step), ``comm_ns`` (the shortest allreduce
+    union over ranks: the rank that waited least for the others, usually the last to arrive),
+    ``algbw_gbps`` = bytes / comm_ns and ``busbw_gbps`` = algbw x 2(n-1)/n.
+    """
+    s = steps[steps["n_allreduce"] > 0]
+    if s.empty:
+        return pd.DataFrame(
+            {k: pd.Series(dtype=float) for k in ("step", "bytes", "comm_ns", "algbw_gbps")}
+            | {"busbw_gbps": pd.Series(dtype=float)}
+        )
+    g = s.groupby("step", sort=True)
+    out = pd.DataFrame(
+        {
+            "bytes": g["allreduce_bytes"].median(),
+            "comm_ns": g["allreduce_ns"].min().astype("float64"),
+        }
+    )
+    out["algbw_gbps"] = out["bytes"] / out["comm_ns"].where(out["comm_ns"] > 0)
+    out["busbw_gbps"] = out["algbw_gbps"] * bus_factor(size)
+    return out.reset_index()
+
+
+def comm_summary(
+    steps: pd.DataFrame, step_comm: pd.DataFrame, collectives: pd.DataFrame, skip_steps: int = 1
+) -> dict[str, float]:
+    """Return run-level communication numbers (medians over the analyzed steps).
+
+    Keys: ``tensors_per_step``, ``tensor_bytes_median``, ``bytes_per_step``, ``comm_ms``,
+    ``algbw_gbps``, ``busbw_gbps`` (the per-step aggregates of :func:`step_comm_table`).
+    """
+    a = analyzed_steps(steps, skip_steps)
+    kept = set(a["step"].unique())
+    sc = step_comm[step_comm["step"].isin(kept)] if len(step_comm) else step_comm
+    col = collectives[collectives["step"].isin(kept)] if len(collectives) else collectives
+    return {
+        "tensors_per_step": float(a["n_allreduce"].median()) if len(a) else float("nan"),
+        "tensor_bytes_median": float(col["bytes"].median()) if len(col) else float("nan"),
+        "bytes_per_step": float(sc["bytes"].median()) if len(sc) else float("nan"),
+        "comm_ms": float(sc["comm_ns"].median() / 1e6) if len(sc) else float("nan"),
+        "algbw_gbps": float(sc["algbw_gbps"].median()) if len(sc) else float("nan"),
+        "busbw_gbps": float(sc["busbw_gbps"].median()) if len(sc) else float("nan"),
+    }

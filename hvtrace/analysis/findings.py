@@ -1,0 +1,402 @@
+"""Findings: a few short, actionable lines about a run, each with the number behind it.
+
+:func:`make_findings` reads an :class:`hvtrace.analysis.summary.Analysis` and returns a list of
+:class:`Finding`, most important first: an incomplete run, stragglers (with the phase), rank 0
+doing blocking work between steps, communication-bound steps (with the Horovod knobs that help
+and their current values), many small allreduces, and lateness no phase explains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis.steps import analyzed_steps
+from hvtrace.analysis.stragglers import StragglerConfig, median_of_others
+
+if TYPE_CHECKING:
+    from hvtrace.analysis.summary import Analysis
+
+#: A run is communication-bound when at least this share of its steps is (see step_summary).
+COMM_BOUND_STEPS: Final = 0.5
+#: "Many small allreduces": at least this many tensors per step, median size below SMALL_BYTES.
+MANY_TENSORS: Final = 50
+SMALL_BYTES: Final = 256 * 1024
+#: Rank 0's extra time between steps must be this share of the step (median) or of the run.
+RANK0_STEP_SHARE: Final = 0.10
+RANK0_RUN_SHARE: Final = 0.05
+
+
+@dataclass
+class Finding:
+    """One line of advice. ``kind`` names the check (``incomplete``, ``dropped``, ``straggler``,
+    ``slow_host``, ``rank0_blocking``, ``comm_bound``, ``small_allreduces``, ``late_unexplained``,
+    ``balanced``); ``severity`` is ``warning`` or ``info``; ``value`` is the number behind the
+    line, in ``unit``; ``data`` holds the other numbers (JSON-ready)."""
+
+    kind: str
+    severity: str
+    message: str
+    value: float | None = None
+    unit: str = ""
+    data: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the finding as a JSON-ready dict."""
+        return asdict(self)
+
+
+def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Finding]:
+    """Return the findings for an analysis, most important first."""
+    out: list[Finding] = []
+    out += _run_state(a)
+    rank0 = _rank0_blocking(a, config or StragglerConfig())
+    out += _stragglers(a, skip_rank0=bool(rank0))
+    out += rank0
+    unexplained = _unexplained(a)
+    out += unexplained
+    out += _comm_bound(a)
+    out += _small_allreduces(a)
+    if a.stragglers.empty and a.slow_hosts.empty and len(a.ranks) > 1 and not unexplained:
+        v = a.verdicts
+        if len(v) and v["late_ms"].notna().any():
+            top = v.loc[v["last_share"].idxmax()]
+            out.append(
+                Finding(
+                    "balanced",
+                    "info",
+                    f"no straggler: no rank arrives last in a clear majority of steps with a "
+                    f"lateness its own work explains (most often last: rank {int(top['rank'])}, "
+                    f"{top['last_share']:.0%} of steps, median {top['late_ms']:.1f} ms late)",
+                    float(top["late_ms"]),
+                    "ms",
+                )
+            )
+    return out
+
+
+# -- run state -------------------------------------------------------------------------------------
+def _run_state(a: Analysis) -> list[Finding]:
+    out = []
+    last_seen = a.steps.groupby("rank")["step"].max() if len(a.steps) else pd.Series(dtype=int)
+    stopped = []
+    for s in a.rank_states:
+        if s.complete and not s.truncated:
+            continue
+        step = max(int(last_seen.get(s.rank, -1)), s.last_step)
+        how = "file truncated: crashed or killed" if s.truncated else "file not closed cleanly"
+        stopped.append((s.rank, step, how))
+    if stopped:
+        parts = ", ".join(f"rank {r} stopped at step {st} ({how})" for r, st, how in stopped[:4])
+        more = f" and {len(stopped) - 4} more" if len(stopped) > 4 else ""
+        out.append(
+            Finding(
+                "incomplete",
+                "warning",
+                f"run incomplete: {parts}{more}; the steps after that are missing",
+                float(min(st for _, st, _ in stopped)),
+                "step",
+                {"stopped": [{"rank": r, "step": st, "why": how} for r, st, how in stopped]},
+            )
+        )
+    if a.missing_ranks:
+        m = a.missing_ranks
+        out.append(
+            Finding(
+                "incomplete",
+                "warning",
+                f"no usable trace from rank(s) {_list(m)} of {a.size}; analyzing the others",
+                float(len(m)),
+                "ranks",
+                {"missing_ranks": list(m)},
+            )
+        )
+    dropped = [(s.rank, s.dropped) for s in a.rank_states if s.dropped]
+    if dropped:
+        total = sum(d for _, d in dropped)
+        who = ", ".join(f"rank {r}: {d}" for r, d in dropped[:4])
+        out.append(
+            Finding(
+                "dropped",
+                "warning",
+                f"{total} spans dropped by the recorder (writer fell behind; {who}): those "
+                "ranks' numbers undercount",
+                float(total),
+                "spans",
+            )
+        )
+    return out
+
+
+# -- stragglers ------------------------------------------------------------------------------------
+def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
+    out = []
+    for _, h in a.slow_hosts.iterrows():
+        out.append(
+            Finding(
+                "slow_host",
+                "warning",
+                f"host {h['host']} is slow: all its ranks ({_list(h['ranks'])}) arrive late, "
+                f"median {h['late_ms']:.1f} ms; the last rank is on it in {h['last_share']:.0%} "
+                f"of steps" + (f"; slow phase: {h['phase']}" if h["phase"] else ""),
+                float(h["late_ms"]),
+                "ms",
+                {"host": h["host"], "ranks": list(h["ranks"]), "phase": h["phase"]},
+            )
+        )
+    v = a.verdicts.set_index("rank")
+    for _, s in a.stragglers.iterrows():
+        r = int(s["rank"])
+        if r == 0 and skip_rank0 and _between_steps(s["phase"]):
+            continue  # said by the rank-0 finding, more specifically
+        vr = v.loc[r]
+        where = _phase_words(s["phase"], vr)
+        who = f"rank {r}" + (f" ({s['host']})" if s["host"] not in ("", "?") else "")
+        msg = (
+            f"straggler: {who} is last to be ready in {s['last_share']:.0%} of "
+            f"steps, median {s['late_ms']:.1f} ms after the first rank; {where}"
+        )
+        if not vr["by_arrival"]:
+            msg = (
+                f"straggler: {who}: {where} in {vr['work_share']:.0%} of steps "
+                f"(it is last in {s['last_share']:.0%}, median {s['late_ms']:.1f} ms late)"
+            )
+        if r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
+            msg += (
+                " (on a CPU run rank 0 also runs Horovod's coordinator: with more busy threads "
+                "than cores this alone slows its backward; give each rank more cores)"
+            )
+        out.append(
+            Finding(
+                "straggler",
+                "warning",
+                msg,
+                float(s["late_ms"]),
+                "ms",
+                {"rank": r, "phase": s["phase"], "phase_excess_ms": _f(s["phase_excess_ms"])},
+            )
+        )
+    return out
+
+
+def _phase_words(phase: str, vr: pd.Series) -> str:
+    ex = vr["phase_excess_ms"]
+    if not phase:
+        return "no single phase explains it"
+    builtin = vr["builtin_phase"]
+    if phase != builtin and builtin:
+        return (
+            f"its user span '{phase}' takes {ex:+.1f} ms vs the other ranks' median "
+            f"({builtin} {vr['builtin_excess_ms']:+.1f} ms)"
+        )
+    return f"its {phase} takes {ex:+.1f} ms vs the other ranks' median"
+
+
+def _between_steps(phase: str) -> bool:
+    """True for the input gap or a user span (work between steps), not a model phase."""
+    return phase not in ("", "forward", "backward", "compute", "update", "other", "wait")
+
+
+def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
+    """Rank 0 doing blocking work between steps (logging, checkpoints) while the others wait."""
+    if 0 not in a.ranks or len(a.ranks) < 2:
+        return []
+    s = analyzed_steps(a.steps, a.skip_steps)
+    if s.empty:
+        return []
+    wide = s.pivot_table(index="step", columns="rank", values="input_ns", aggfunc="sum")
+    if 0 not in wide.columns or wide.shape[1] < 2:
+        return []
+    m = wide.to_numpy(dtype=np.float64)
+    ex = (m - median_of_others(m))[:, list(wide.columns).index(0)]
+    ex = ex[np.isfinite(ex)]
+    if not len(ex):
+        return []
+    med_step = float(s["step_ns"].median())
+    med_ex = float(np.median(ex))
+    step0 = float(s.loc[s["rank"] == 0, "step_ns"].sum())
+    share = float(np.clip(ex, 0, None).sum() / step0) if step0 > 0 else 0.0
+    floor = max(RANK0_STEP_SHARE * med_step, cfg.min_floor_ns)
+    if not (med_ex > floor or share >= RANK0_RUN_SHARE):
+        return []
+    pr = a.per_rank.set_index("rank")
+    in0 = pr.loc[0, "input_ms"]
+    others = pr.drop(index=0)["input_ms"].median()
+    v0 = a.verdicts.set_index("rank").loc[0]
+    last = (
+        f" (it is last to be ready in {v0['last_share']:.0%} of steps, median "
+        f"{v0['late_ms']:.1f} ms late)"
+        if bool(v0["named"])
+        else ""
+    )
+    msg = (
+        f"rank 0 does blocking work between steps while the others wait{last}: its input gap is "
+        f"{in0:.1f} ms vs {others:.1f} ms on the other ranks (median excess {med_ex / 1e6:.1f} ms "
+        f"per step, {share:.0%} of its run time)"
+    )
+    up = a.user_per_rank
+    if len(up):
+        u0 = up[up["rank"] == 0].set_index("name")["mean_ms"]
+        uo = up[up["rank"] != 0].groupby("name")["mean_ms"].median()
+        diff = (u0 - uo.reindex(u0.index).fillna(0.0)).sort_values(ascending=False)
+        if len(diff) and diff.iloc[0] > 0.3 * max(float(np.mean(np.clip(ex, 0, None))) / 1e6, 1e-9):
+            msg += f"; user span '{diff.index[0]}' adds {diff.iloc[0]:.1f} ms per step on rank 0"
+    msg += "; move it off the training loop (another thread, or every N steps)"
+    return [
+        Finding(
+            "rank0_blocking",
+            "warning",
+            msg,
+            med_ex / 1e6,
+            "ms",
+            {"input_ms_rank0": _f(in0), "input_ms_others": _f(others), "run_share": share},
+        )
+    ]
+
+
+def _unexplained(a: Analysis) -> list[Finding]:
+    """A rank that is regularly last but whose phases do not explain it (not named)."""
+    out = []
+    v = a.verdicts
+    need = StragglerConfig().last_share_needed(len(a.ranks))
+    cand = v[
+        (~v["named"])
+        & (v["last_share"] >= need)
+        & (v["late_ms"] > v["late_floor_ms"])
+        & (v["steps"] >= 3)
+    ]
+    unc = max(a.clock_uncertainty_ns.values(), default=0) / 1e6
+    for _, r in cand.iterrows():
+        head = (
+            f"rank {int(r['rank'])} is last to be ready in {r['last_share']:.0%} of steps "
+            f"(median {r['late_ms']:.1f} ms) but"
+        )
+        if r["explained_ms"] < 0.5 * r["late_ms"]:
+            clocks = f" or the clocks are off (up to ±{unc:.1f} ms)" if unc >= 0.05 else ""
+            why = (
+                f"its own phases explain only {r['explained_ms']:.1f} ms of it: it starts its "
+                "steps late (it saw the previous allreduce finish later, e.g. CPU contention)"
+                + clocks
+            )
+        else:
+            why = (
+                f"its extra work ({r['builtin_phase']} {r['builtin_excess_ms']:+.1f} ms, "
+                f"{r['explained_ms']:.1f} ms in all) is below the {r['work_floor_ms']:.1f} ms "
+                "margin that noise on a balanced run reaches"
+            )
+        out.append(
+            Finding("late_unexplained", "info", f"{head} {why}; not named a straggler",
+                    float(r["late_ms"]), "ms")
+        )  # fmt: skip
+    return out
+
+
+# -- communication ---------------------------------------------------------------------------------
+def _knob(env: dict[str, str], key: str) -> str:
+    v = env.get(key)
+    return f"{key}={v}" if v else f"{key} (default)"
+
+
+def _compression(opt: dict[str, Any]) -> str:
+    c = str(opt.get("compression") or "")
+    if not c:
+        return "unknown"
+    low = c.lower()
+    if "fp16" in low:
+        return "fp16"
+    if "none" in low:
+        return "none"
+    return c
+
+
+def _comm_bound(a: Analysis) -> list[Finding]:
+    ps = a.per_step
+    if ps.empty or len(a.ranks) < 2:
+        return []
+    first = a.skip_steps
+    p = ps[ps["step"] >= first]
+    p = p if len(p) else ps
+    p = p[p["exposed_share"].notna()]
+    if p.empty:
+        return []
+    share = float(p["comm_bound"].mean())
+    if share < COMM_BOUND_STEPS:
+        return []
+    exp_share = float(p["exposed_share"].median())
+    exp_ms = float(p["exposed_ms"].median())
+    step_ms = float(p["step_ms"].median())
+    ratio = float(p["comm_compute_ratio"].median())
+    ov = float(p["overlap"].median())
+    env = a.horovod_env
+    msg = (
+        f"communication-bound: in {share:.0%} of steps the last rank to be ready still waits "
+        f"{exp_share:.0%} of the step for allreduces (median {exp_ms:.1f} of {step_ms:.1f} ms); "
+        f"comm/compute {ratio:.1f}, {ov:.0%} of allreduce time hidden under backward. "
+        f"Try: a larger batch per worker, hvd.Compression.fp16 (now: "
+        f"{_compression(a.optimizer)}), {_knob(env, 'HOROVOD_FUSION_THRESHOLD')}, "
+        f"{_knob(env, 'HOROVOD_CYCLE_TIME')}"
+    )
+    return [
+        Finding(
+            "comm_bound",
+            "warning",
+            msg,
+            exp_share,
+            "share of step",
+            {
+                "steps_share": share,
+                "exposed_ms": exp_ms,
+                "step_ms": step_ms,
+                "comm_compute_ratio": _f(ratio),
+                "overlap": _f(ov),
+            },
+        )
+    ]
+
+
+def _small_allreduces(a: Analysis) -> list[Finding]:
+    n = a.comm.get("tensors_per_step", float("nan"))
+    b = a.comm.get("tensor_bytes_median", float("nan"))
+    if not (np.isfinite(n) and np.isfinite(b)) or n < MANY_TENSORS or b >= SMALL_BYTES:
+        return []
+    env = a.horovod_env
+    groups = a.optimizer.get("groups")
+    return [
+        Finding(
+            "small_allreduces",
+            "info",
+            f"many small allreduces: {n:.0f} tensors per step, median {_bytes(b)}: each costs a "
+            f"negotiation round; fuse more with {_knob(env, 'HOROVOD_FUSION_THRESHOLD')} and "
+            f"{_knob(env, 'HOROVOD_CYCLE_TIME')}, or group them (DistributedOptimizer groups=, "
+            f"now {groups if groups is not None else 'none'})",
+            float(n),
+            "tensors",
+            {"tensor_bytes_median": b},
+        )
+    ]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _list(xs: Any) -> str:
+    xs = [int(x) for x in xs]
+    if len(xs) > 6:
+        return ", ".join(map(str, xs[:6])) + f", ... ({len(xs)})"
+    return ", ".join(map(str, xs))
+
+
+def _bytes(b: float) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= div:
+            return f"{b / div:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _f(x: Any) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) else None

@@ -1,0 +1,360 @@
+"""Where each step's time goes on each rank: the per (rank, step) table and per-rank medians.
+
+A step on one rank (see ``docs/format.md``) runs from the end of the previous update to the end
+of its own update, and is made of phases that follow each other: ``input`` (the gap before the
+first forward), ``forward`` and ``backward`` (or one ``compute`` span without model hooks),
+``wait`` (blocked in ``synchronize()``: communication not hidden behind compute) and ``update``.
+Allreduces run *concurrently* with backward and wait, so their time is not added to the phases:
+``allreduce_ns`` is the union of the step's allreduce intervals (time during which at least one
+was in flight), and ``hidden_ns`` the part of it under backward/compute.
+
+``other_ns`` is what the phases and user spans do not account for:
+``step - (input + forward + backward + compute + wait + update) - user time outside those phases``
+(gaps between micro-batches, work between backward and ``synchronize()``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis.overlap import intersection_merged, merge_intervals
+from hvtrace.schema import KIND_CODE, KINDS
+
+#: The phases of a step, in time order. They do not overlap each other.
+PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
+#: User spans whose name starts with this are hvtrace's own (the clock collective), not user work.
+INTERNAL_PREFIX: Final = "hvtrace."
+#: Duration columns of :func:`step_table`, in report order (all in ns).
+DURATION_COLUMNS: Final[tuple[str, ...]] = (
+    "step_ns",
+    "input_ns",
+    "forward_ns",
+    "backward_ns",
+    "compute_ns",
+    "model_ns",
+    "allreduce_ns",
+    "hidden_ns",
+    "wait_ns",
+    "update_ns",
+    "user_ns",
+    "other_ns",
+    "lateness_ns",
+)
+
+_K = KIND_CODE
+_NK = len(KINDS)
+
+
+# -- input normalization ---------------------------------------------------------------------------
+def kind_codes(spans: pd.DataFrame) -> np.ndarray:
+    """Return each span's kind as its code in :data:`hvtrace.schema.KINDS` (-1 if unknown).
+
+    Accepts a categorical ``kind`` column (as :func:`hvtrace.load_run` makes) or plain strings.
+    """
+    kind = spans["kind"]
+    if isinstance(kind.dtype, pd.CategoricalDtype):
+        lut = np.array([_K.get(str(c), -1) for c in kind.cat.categories] + [-1], dtype=np.int16)
+        codes = kind.cat.codes.to_numpy()
+        return lut[np.where(codes < 0, len(lut) - 1, codes)]
+    cat = pd.Categorical(kind.astype(str), categories=list(KINDS))
+    return cat.codes.astype(np.int16)
+
+
+def name_codes(spans: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
+    """Return ``(codes, names)``: each span's name as an index into ``names`` (-1 if missing)."""
+    name = spans["name"]
+    if not isinstance(name.dtype, pd.CategoricalDtype):
+        name = name.astype("category")
+    return name.cat.codes.to_numpy().astype(np.int64), pd.Index(name.cat.categories.astype(str))
+
+
+def internal_mask(spans: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
+    """True for hvtrace's own user spans (``hvtrace.clock_sync``), which are not user work."""
+    kinds = kind_codes(spans) if kinds is None else kinds
+    codes, names = name_codes(spans)
+    lut = np.append(np.asarray(names.str.startswith(INTERNAL_PREFIX), dtype=bool), False)
+    return (kinds == _K["user"]) & lut[np.where(codes < 0, len(lut) - 1, codes)]
+
+
+def group_ids(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return ``(gid, ranks, steps)``: a dense id per (rank, step) pair and each id's pair.
+
+    Ids are numbered in (rank, step) order.
+    """
+    rank = np.asarray(rank, dtype=np.int64)
+    step = np.asarray(step, dtype=np.int64)
+    if len(rank) == 0:
+        e = np.zeros(0, np.int64)
+        return e, e, e
+    smin, smax = int(step.min()), int(step.max())
+    width = smax - smin + 1
+    key = rank * width + (step - smin)
+    n_keys = (int(rank.max()) + 1) * width
+    if n_keys <= 1 << 26:
+        present = np.bincount(key, minlength=n_keys) > 0
+        keys = np.flatnonzero(present)
+        dense = np.cumsum(present) - 1
+        gid = dense[key]
+    else:
+        keys, gid = np.unique(key, return_inverse=True)
+    return gid.astype(np.int64), keys // width, keys % width + smin
+
+
+# -- the per (rank, step) table --------------------------------------------------------------------
+def step_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per (rank, step) that has spans, sorted by (rank, step).
+
+    ``spans``: the span table of :func:`hvtrace.load_run` (columns ``rank``, ``step``, ``kind``,
+    ``name``, ``start_ns``, ``end_ns``, ``bytes``; times in ns on one clock).
+
+    Columns (durations in ns; a ``_ns`` suffix means nanoseconds, ``_gbps`` bytes per ns = GB/s):
+
+    - ``rank``, ``step``; ``complete``: every rank in ``spans`` recorded this step's ``step``
+      span (a rank that stopped mid-step, or lost its last unflushed spans in a crash, leaves the
+      steps after its last one incomplete on all ranks; its own partial step has NaN
+      ``step_ns``/``other_ns``);
+    - ``start_ns``, ``end_ns``: the step span (else the first/last span of the step);
+    - ``step_ns``; the phases ``input_ns``, ``forward_ns``, ``backward_ns``, ``compute_ns``,
+      ``wait_ns``, ``update_ns`` (sums of that kind's spans); ``model_ns`` = forward + backward +
+      compute (time in the model);
+    - ``allreduce_ns``: union of the allreduce intervals; ``hidden_ns``: the part of that union
+      under backward or compute spans; ``overlap`` = hidden / allreduce (NaN without allreduce);
+    - ``user_ns``: union of user spans (hvtrace's own excluded); ``other_ns``: step time no phase
+      and no user span accounts for (clipped at 0);
+    - ``n_allreduce``, ``allreduce_bytes``: tensors allreduced and their bytes (after compression);
+    - ``arrival_ns``: when the rank's last gradient became ready (latest allreduce enqueue, on the
+      common clock; NA without allreduce); ``lateness_ns``: arrival minus the earliest arrival of
+      any rank in that step; ``is_last``: the rank arrived last (needs 2 ranks in the step);
+    - ``comm_compute_ratio`` = allreduce / model time; ``algbw_gbps`` = allreduce_bytes /
+      allreduce_ns (a lower bound: the union includes waiting for other ranks).
+    """
+    kinds = kind_codes(spans)
+    # rows that are not a step's work (scalars, clock estimates, hvtrace's own spans) get code -1;
+    # no rows are copied out, and (rank, step) pairs made only of such rows are dropped at the end
+    ignore = (kinds == _K["scalar"]) | (kinds == _K["clock"]) | internal_mask(spans, kinds)
+    kinds = np.where(ignore, -1, kinds).astype(np.int16)
+    start = spans["start_ns"].to_numpy(dtype=np.int64)
+    end = spans["end_ns"].to_numpy(dtype=np.int64)
+    nbytes = spans["bytes"].to_numpy(dtype=np.int64)
+    gid, g_rank, g_step = group_ids(spans["rank"].to_numpy(), spans["step"].to_numpy())
+    n = len(g_rank)
+    kk = np.where(kinds < 0, _NK, kinds).astype(np.int64)  # _NK: the ignored column
+    cell = gid * (_NK + 1) + kk
+    sums = np.bincount(cell, weights=end - start, minlength=n * (_NK + 1))
+    sums = sums.reshape(n, _NK + 1).round().astype(np.int64)
+    counts = np.bincount(cell, minlength=n * (_NK + 1)).reshape(n, _NK + 1)
+    del cell, kk
+
+    out = pd.DataFrame({"rank": g_rank, "step": g_step})
+    is_step = kinds == _K["step"]
+    has_step = counts[:, _K["step"]] > 0
+    ranks_done = pd.Series(has_step).groupby(g_step).transform("sum").to_numpy()
+    out["complete"] = has_step & (ranks_done == len(np.unique(g_rank)))
+    st = np.zeros(n, np.int64)
+    en = np.zeros(n, np.int64)
+    st[gid[is_step]] = start[is_step]
+    en[gid[is_step]] = end[is_step]
+    if not has_step.all():
+        loose = ~has_step[gid] & (kinds >= 0)
+        lo = pd.Series(start[loose]).groupby(gid[loose]).min()
+        hi = pd.Series(end[loose]).groupby(gid[loose]).max()
+        st[lo.index.to_numpy()] = lo.to_numpy()
+        en[hi.index.to_numpy()] = hi.to_numpy()
+    out["start_ns"] = st
+    out["end_ns"] = en
+    step_ns = np.where(has_step, sums[:, _K["step"]], np.nan)
+    out["step_ns"] = step_ns
+    for k in PHASES:
+        out[f"{k}_ns"] = sums[:, _K[k]]
+    out["model_ns"] = sums[:, _K["forward"]] + sums[:, _K["backward"]] + sums[:, _K["compute"]]
+
+    ar = np.flatnonzero(kinds == _K["allreduce"])
+    hide = np.flatnonzero((kinds == _K["backward"]) | (kinds == _K["compute"]))
+    g_ar, s_ar = gid[ar], start[ar]
+    m_ar = merge_intervals(g_ar, s_ar, end[ar])
+    m_hide = merge_intervals(gid[hide], start[hide], end[hide])
+    allreduce = np.bincount(m_ar[0], weights=m_ar[2] - m_ar[1], minlength=n)
+    allreduce = allreduce.round().astype(np.int64)
+    hidden = intersection_merged(m_ar, m_hide, n)
+    out["allreduce_ns"] = allreduce
+    out["hidden_ns"] = hidden
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["overlap"] = np.where(allreduce > 0, hidden / np.maximum(allreduce, 1), np.nan)
+
+    user = np.flatnonzero(kinds == _K["user"])
+    user_union = np.zeros(n, np.int64)
+    inside = np.zeros(n, np.int64)
+    if len(user):
+        m_user = merge_intervals(gid[user], start[user], end[user])
+        user_union = np.bincount(m_user[0], weights=m_user[2] - m_user[1], minlength=n)
+        user_union = user_union.round().astype(np.int64)
+        phase = np.flatnonzero(np.isin(kinds, [_K[k] for k in PHASES]))
+        m_phase = merge_intervals(gid[phase], start[phase], end[phase])
+        inside = intersection_merged(m_user, m_phase, n)
+    out["user_ns"] = user_union
+    phase_sum = sums[:, [_K[k] for k in PHASES]].sum(axis=1)
+    out["other_ns"] = np.maximum(step_ns - phase_sum - (user_union - inside), 0)
+
+    out["n_allreduce"] = counts[:, _K["allreduce"]]
+    out["allreduce_bytes"] = np.bincount(g_ar, weights=nbytes[ar], minlength=n).astype(np.int64)
+    arr = pd.array(np.zeros(n, np.int64), dtype="Int64")
+    arr[:] = pd.NA
+    if len(ar):
+        # latest enqueue per group: the max of each group's starts
+        has_ar = counts[:, _K["allreduce"]] > 0
+        mx = np.full(n, np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(mx, g_ar, s_ar)
+        arr[has_ar] = mx[has_ar]
+    out["arrival_ns"] = arr
+    _add_lateness(out)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        model = out["model_ns"].to_numpy()
+        out["comm_compute_ratio"] = np.where(model > 0, allreduce / np.maximum(model, 1), np.nan)
+        out["algbw_gbps"] = np.where(
+            allreduce > 0, out["allreduce_bytes"].to_numpy() / np.maximum(allreduce, 1), np.nan
+        )
+    real = counts[:, :_NK].sum(axis=1) > 0
+    if not real.all():
+        out = out[real].reset_index(drop=True)
+        _add_lateness(out)
+    return out
+
+
+def _add_lateness(out: pd.DataFrame) -> None:
+    """Add ``lateness_ns`` and ``is_last`` to a step table (in place)."""
+    arr = out["arrival_ns"].astype("float64")  # relative values below keep ns precision
+    base = float(np.nanmin(arr.to_numpy())) if arr.notna().any() else 0.0
+    rel = out["arrival_ns"].astype("Int64") - int(base)
+    rel_f = rel.astype("float64")
+    by_step = rel_f.groupby(out["step"])
+    first = by_step.transform("min")
+    last = by_step.transform("max")
+    n_ranks = by_step.transform("count")
+    out["lateness_ns"] = rel_f - first
+    out["is_last"] = (rel_f == last) & (n_ranks >= 2) & rel_f.notna()
+
+
+# -- per-rank summary ------------------------------------------------------------------------------
+def analyzed_steps(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
+    """Return the rows used for statistics: complete steps with ``step >= skip_steps``.
+
+    Step 0 (warm-up) is skipped by default. If skipping would leave nothing, all complete steps
+    are used.
+    """
+    done = steps[steps["complete"]]
+    kept = done[done["step"] >= skip_steps]
+    return kept if len(kept) else done
+
+
+def rank_summary(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
+    """Return one row per rank: medians and 95th percentiles of the step table, in milliseconds.
+
+    ``steps``: :func:`step_table` output. For every duration column ``X_ns`` there are ``X_ms``
+    (median over the analyzed steps) and ``X_p95_ms``. Also ``steps`` (steps analyzed),
+    ``comm_compute_ratio`` (median of the per-step ratio), ``overlap`` (share of the allreduce
+    union hidden under backward/compute, over all analyzed steps), ``algbw_gbps`` (median),
+    ``n_allreduce`` (median tensors per step), ``allreduce_bytes`` (median bytes per step) and
+    ``last_share`` (share of the analyzed steps in which the rank arrived last).
+    """
+    a = analyzed_steps(steps, skip_steps)
+    cols = [c for c in DURATION_COLUMNS if c in a.columns]
+    ms = a[["rank", *cols]].copy()
+    ms[cols] = ms[cols].astype("float64") / 1e6
+    g = ms.groupby("rank", sort=True)
+    med = g[cols].median()
+    p95 = g[cols].quantile(0.95)
+    out = pd.DataFrame(index=med.index)
+    out["steps"] = a.groupby("rank").size()
+    for c in cols:
+        base = c.removesuffix("_ns")
+        out[f"{base}_ms"] = med[c]
+        out[f"{base}_p95_ms"] = p95[c]
+    ga = a.groupby("rank", sort=True)
+    out["comm_compute_ratio"] = ga["comm_compute_ratio"].median()
+    sums = ga[["hidden_ns", "allreduce_ns"]].sum()
+    out["overlap"] = sums["hidden_ns"] / sums["allreduce_ns"].where(sums["allreduce_ns"] > 0)
+    out["algbw_gbps"] = ga["algbw_gbps"].median()
+    out["n_allreduce"] = ga["n_allreduce"].median()
+    out["allreduce_bytes"] = ga["allreduce_bytes"].median()
+    out["last_share"] = ga["is_last"].mean()
+    return out.reset_index()
+
+
+# -- user spans ------------------------------------------------------------------------------------
+def user_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return user-span time per (rank, step, name): ``dur_ns`` (sum) and ``count``.
+
+    hvtrace's own spans (``hvtrace.*``) are left out. Spans of one name that nest or overlap are
+    summed, not merged.
+    """
+    kinds = kind_codes(spans)
+    user = (kinds == _K["user"]) & ~internal_mask(spans, kinds)
+    sel = np.flatnonzero(user)
+    codes, names = name_codes(spans)
+    if len(sel) == 0:
+        return pd.DataFrame(
+            {
+                "rank": pd.Series(dtype=np.int64),
+                "step": pd.Series(dtype=np.int64),
+                "name": pd.Series(dtype=str),
+                "dur_ns": pd.Series(dtype=np.int64),
+                "count": pd.Series(dtype=np.int64),
+            }
+        )
+    start = spans["start_ns"].to_numpy(dtype=np.int64)[sel]
+    end = spans["end_ns"].to_numpy(dtype=np.int64)[sel]
+    df = pd.DataFrame(
+        {
+            "rank": spans["rank"].to_numpy(dtype=np.int64)[sel],
+            "step": spans["step"].to_numpy(dtype=np.int64)[sel],
+            "code": codes[sel],
+            "dur_ns": np.maximum(end - start, 0),
+        }
+    )
+    g = df.groupby(["rank", "step", "code"], sort=True)["dur_ns"].agg(["sum", "size"])
+    g = g.reset_index()
+    return pd.DataFrame(
+        {
+            "rank": g["rank"].to_numpy(np.int64),
+            "step": g["step"].to_numpy(np.int64),
+            "name": names.to_numpy()[g["code"].to_numpy()],
+            "dur_ns": g["sum"].to_numpy(np.int64),
+            "count": g["size"].to_numpy(np.int64),
+        }
+    )
+
+
+def user_summary(
+    users: pd.DataFrame, steps: pd.DataFrame, skip_steps: int = 1, max_names: int = 32
+) -> pd.DataFrame:
+    """Return per (rank, name): ``median_ms``, ``p95_ms`` and ``mean_ms`` per analyzed step.
+
+    A step in which the span did not occur counts as 0 ms (so a span every 100 steps has median
+    0 but a mean that shows its cost); ``steps_with`` counts the steps in which it occurred.
+    Only the ``max_names`` names with the most total time are summarized.
+    """
+    cols = ["rank", "name", "median_ms", "p95_ms", "mean_ms", "steps_with"]
+    a = analyzed_steps(steps, skip_steps)[["rank", "step"]]
+    if users.empty or a.empty:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+    u = users.merge(a, on=["rank", "step"], how="inner")
+    if u.empty:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+    top = u.groupby("name")["dur_ns"].sum().nlargest(max_names).index
+    u = u[u["name"].isin(top)]
+    wide = u.pivot_table(
+        index=["rank", "step"], columns="name", values="dur_ns", aggfunc="sum", fill_value=0
+    )
+    full = pd.MultiIndex.from_frame(a)
+    wide = wide.reindex(full, fill_value=0).astype("float64") / 1e6
+    g = wide.groupby(level="rank")
+    med = g.median().stack().rename("median_ms")
+    p95 = g.quantile(0.95).stack().rename("p95_ms")
+    mean = g.mean().stack().rename("mean_ms")
+    cnt = (wide > 0).groupby(level="rank").sum().stack().rename("steps_with")
+    out = pd.concat([med, p95, mean, cnt], axis=1).reset_index()
+    out.columns = cols
+    return out[out["steps_with"] > 0].reset_index(drop=True)

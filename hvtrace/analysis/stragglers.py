@@ -1,0 +1,442 @@
+"""Which rank holds the others back, and why.
+
+A synchronous allreduce makes every rank's step equally long, so step time cannot tell who is
+slow. What differs is *arrival*: when each rank's last gradient became ready (its latest allreduce
+enqueue), which :func:`hvtrace.analysis.steps.step_table` gives as ``arrival_ns`` and, relative to
+the first rank ready in the same step, as ``lateness_ns``.
+
+A rank is named a straggler when either
+
+- **it arrives last** in a clear majority of steps (``min_last_share``: 75 % with 2 ranks, where a
+  coin flip gives 50 %; 50 % with more ranks), its median lateness is above a noise floor (the two
+  clocks' alignment uncertainty, and a fraction of the median step), and its own phases explain
+  at least half of that lateness and at least the work margin (a rank that only *looks* late,
+  because it observed the previous allreduce's completion later or because of clock error, does
+  no extra work and is not named); or
+- **its own work is consistently slower**: some phase takes longer than the other ranks' median
+  in the same step by more than the work margin in at least 75 % of steps. This compares
+  durations on one rank's clock, so clock error plays no part.
+
+The work margin is 10 % of the median step, and at least 2 ms on CPU-timed runs (one scheduler
+time slice: on an oversubscribed host, Horovod's coordinator thread alone makes rank 0 a
+millisecond or two late in every step of a balanced run; see :meth:`StragglerConfig.for_timing`).
+
+The phase named is the one whose excess over the other ranks explains the lateness, comparing
+per-rank *medians* over steps (a slow update at the end of step k delays the rank's arrival in
+step k+1: comparing medians finds it all the same). A user span is named instead of the built-in
+phase that contains it when it accounts for most of that phase's excess.
+
+When every rank of one host (with 2 or more ranks) is late and the run has more than one host,
+the host is named too (:func:`slow_hosts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis.steps import analyzed_steps
+
+#: The smallest margin on host-timed (CPU) runs: about one scheduler time slice on a busy host.
+#: On a 2-core host running 2 ranks, Horovod's coordinator thread alone makes rank 0 ~1-2 ms
+#: later than the others in every step of a balanced run.
+CPU_NOISE_FLOOR_NS: Final = 2_000_000
+
+#: Built-in phases a straggler can be slow in (rank-local work; wait is a consequence, not work).
+WORK_PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "update", "other")
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Thresholds of the straggler decision (see the module docstring).
+
+    ``min_last_share``: share of steps a rank must arrive last in (None: 0.75 with 2 ranks, else
+    0.5). ``late_floor_frac``: the lateness floor's share of the median step time.
+    ``work_floor_frac``: the work margin, as a share of the median step: a rank's extra work must
+    exceed it (in the medians, and per step for the work criterion). ``min_floor_ns``: the
+    smallest floor and margin, ns (:meth:`for_timing`: 2 ms for host-timed CPU runs, about one
+    scheduler time slice on a busy host; 0.1 ms for CUDA-timed runs). ``explain_frac``: share
+    of the lateness the rank's phase excesses must explain. ``user_prefer_frac``: a user span is
+    named instead of the built-in phase when its excess is at least this share of the phase's.
+    ``min_steps``: fewer analyzed steps than this name nobody.
+    """
+
+    min_last_share: float | None = None
+    late_floor_frac: float = 0.05
+    work_floor_frac: float = 0.10
+    min_floor_ns: int = 100_000
+    explain_frac: float = 0.5
+    user_prefer_frac: float = 0.7
+    min_steps: int = 3
+
+    @classmethod
+    def for_timing(cls, timing: str | None, **kw: Any) -> StragglerConfig:
+        """Return the defaults for a run's ``timing`` header field (``host_monotonic`` or
+        ``cuda_events``): CPU-timed runs get a 2 ms noise floor (OS scheduling), others 0.1 ms."""
+        floor = CPU_NOISE_FLOOR_NS if timing in (None, "host_monotonic") else 100_000
+        return cls(**{"min_floor_ns": floor, **kw})
+
+    def last_share_needed(self, n_ranks: int) -> float:
+        """Return the share of steps a rank must arrive last in, for ``n_ranks`` ranks."""
+        if self.min_last_share is not None:
+            return self.min_last_share
+        return 0.75 if n_ranks <= 2 else 0.5
+
+
+def clock_uncertainty_ns(run: Any) -> dict[int, int]:
+    """Return each rank's worst clock-alignment uncertainty (ns) from a :class:`hvtrace.Run`."""
+    out = {}
+    for r, f in run.files.items():
+        out[r] = max((int(e.uncertainty_ns) for e in f.clock), default=0)
+    return out
+
+
+def median_of_others(m: np.ndarray) -> np.ndarray:
+    """Return, for every cell of ``m`` (rows x ranks), the median of the *other* ranks' values.
+
+    NaN cells are missing values (ignored); a cell whose row has no other value gets NaN.
+    Vectorized: rows are sorted once and the cell's own value is skipped by index arithmetic.
+    """
+    m = np.asarray(m, dtype=np.float64)
+    if m.ndim != 2:
+        raise ValueError("median_of_others needs a 2-D array")
+    rows, cols = m.shape
+    if cols == 0 or rows == 0:
+        return np.full_like(m, np.nan)
+    order = np.argsort(m, axis=1, kind="stable")  # NaN sort last
+    srt = np.take_along_axis(m, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(cols)[None, :].repeat(rows, axis=0), axis=1)
+    valid = np.isfinite(m)
+    n_valid = valid.sum(axis=1, keepdims=True)
+    own = valid.astype(np.int64)
+    c = n_valid - own  # how many others
+    k = np.where(valid, pos, cols)  # own position in the sorted row (none: past the end)
+
+    def pick(i: np.ndarray) -> np.ndarray:
+        # i-th smallest of the others: skip the cell's own position
+        j = np.where(i >= k, i + 1, i)
+        j = np.clip(j, 0, cols - 1)
+        return np.take_along_axis(srt, j, axis=1)
+
+    c_b = np.broadcast_to(c, m.shape)
+    lo = np.maximum((c_b - 1) // 2, 0)
+    hi = np.maximum(c_b // 2, 0)
+    out = (pick(lo) + pick(hi)) / 2.0
+    return np.where(c_b > 0, out, np.nan)
+
+
+def phase_matrix(
+    steps: pd.DataFrame, users: pd.DataFrame | None = None, max_user_names: int = 16
+) -> pd.DataFrame:
+    """Return per (rank, step) the duration in ms of each candidate phase (wide table).
+
+    Columns: the built-in :data:`WORK_PHASES` present in ``steps`` (phases that are zero
+    everywhere are dropped), then ``user:NAME`` for the ``max_user_names`` user spans with the
+    most total time (0 in steps without the span). Index: (rank, step) of ``steps``' rows.
+    """
+    idx = pd.MultiIndex.from_frame(steps[["rank", "step"]])
+    data = {}
+    for p in WORK_PHASES:
+        col = steps[f"{p}_ns"].to_numpy(dtype=np.float64) / 1e6
+        if np.nansum(np.abs(col)) > 0:
+            data[p] = col
+    out = pd.DataFrame(data, index=idx)
+    if users is not None and len(users):
+        u = users.merge(steps[["rank", "step"]], on=["rank", "step"], how="inner")
+        if len(u):
+            top = u.groupby("name")["dur_ns"].sum().nlargest(max_user_names).index
+            u = u[u["name"].isin(top)]
+            wide = u.pivot_table(
+                index=["rank", "step"], columns="name", values="dur_ns", aggfunc="sum"
+            )
+            wide = wide.reindex(idx).fillna(0.0) / 1e6
+            wide.columns = [f"user:{c}" for c in wide.columns]
+            out = pd.concat([out, wide], axis=1)
+    return out
+
+
+def straggler_table(
+    steps: pd.DataFrame,
+    users: pd.DataFrame | None = None,
+    hosts: dict[int, str] | None = None,
+    clock_uncertainty: dict[int, int] | None = None,
+    skip_steps: int = 1,
+    config: StragglerConfig | None = None,
+) -> pd.DataFrame:
+    """Return one row per rank with the straggler evidence and the verdict.
+
+    ``steps``: :func:`hvtrace.analysis.steps.step_table`; ``users``:
+    :func:`hvtrace.analysis.steps.user_table`; ``hosts``: rank -> host; ``clock_uncertainty``:
+    rank -> ns (:func:`clock_uncertainty_ns`).
+
+    Columns: ``rank``, ``host``, ``steps`` (analyzed), ``late_ms`` (median lateness),
+    ``last_share`` (share of steps the rank arrived last), ``late_floor_ms``, ``explained_ms``
+    (sum of the rank's positive built-in phase excesses over the other ranks' medians),
+    ``phase`` (what it is slow in: a built-in phase or a user span name), ``phase_excess_ms``,
+    ``builtin_phase`` / ``builtin_excess_ms`` (largest built-in excess), ``work_phase``,
+    ``work_excess_ms`` (median per-step excess over the other ranks), ``work_share`` (share of
+    steps where that excess beat ``work_floor_ms``), ``by_arrival`` / ``by_work`` (which
+    criterion holds), ``named`` and ``reason`` (a short text, empty when not named).
+    """
+    cfg = config or StragglerConfig()
+    hosts = hosts or {}
+    unc = clock_uncertainty or {}
+    a = analyzed_steps(steps, skip_steps)
+    ranks = np.sort(steps["rank"].unique())
+    n_ranks = len(ranks)
+    n_steps = a.groupby("rank").size().reindex(ranks, fill_value=0)
+    base = pd.DataFrame({"rank": ranks})
+    base["host"] = [hosts.get(int(r), "?") for r in ranks]
+    base["steps"] = n_steps.to_numpy()
+    if a.empty:
+        return _empty_verdicts(base)
+    med_step_ns = float(a["step_ns"].median())
+    if not np.isfinite(med_step_ns):
+        med_step_ns = 0.0
+
+    # arrival evidence
+    ga = a.groupby("rank")
+    late_ms = (ga["lateness_ns"].median() / 1e6).reindex(ranks)
+    last_share = ga["is_last"].mean().reindex(ranks).fillna(0.0)
+    u = np.array([unc.get(int(r), 0) for r in ranks], dtype=np.float64)
+    if n_ranks > 1:
+        worst_other = np.array([np.max(np.delete(u, i)) for i in range(n_ranks)])
+    else:
+        worst_other = np.zeros(n_ranks)
+    late_floor_ns = np.maximum.reduce(
+        [
+            u + worst_other,
+            np.full(n_ranks, cfg.late_floor_frac * med_step_ns),
+            np.full(n_ranks, float(cfg.min_floor_ns)),
+        ]
+    )
+    work_floor_ns = max(cfg.work_floor_frac * med_step_ns, float(cfg.min_floor_ns))
+
+    # phase evidence: per-rank medians vs the other ranks' medians, and per-step excess
+    pm = phase_matrix(a, users)
+    phases = list(pm.columns)
+    builtin = [p for p in phases if not p.startswith("user:")]
+    if phases:
+        rank_med = pm.groupby(level="rank").median().reindex(ranks)
+        med_excess = rank_med.to_numpy() - median_of_others(rank_med.to_numpy().T).T
+        med_excess = pd.DataFrame(med_excess, index=ranks, columns=phases)
+        per_step_excess = {}
+        per_step_share = {}
+        for p in phases:
+            wide = pm[p].unstack("rank").reindex(columns=ranks)
+            ex = wide.to_numpy() - median_of_others(wide.to_numpy())
+            ex_df = pd.DataFrame(ex, index=wide.index, columns=ranks)
+            per_step_excess[p] = ex_df.median()
+            valid = ex_df.notna().sum()
+            per_step_share[p] = (ex_df > work_floor_ns / 1e6).sum() / valid.where(valid > 0)
+        step_ex = pd.DataFrame(per_step_excess).reindex(ranks)
+        step_share = pd.DataFrame(per_step_share).reindex(ranks).fillna(0.0)
+    else:
+        med_excess = pd.DataFrame(index=ranks)
+        step_ex = pd.DataFrame(index=ranks)
+        step_share = pd.DataFrame(index=ranks)
+
+    rows = []
+    need_last = cfg.last_share_needed(n_ranks)
+    for i, r in enumerate(ranks):
+        rec: dict[str, Any] = {}
+        rec["late_ms"] = float(late_ms.get(r, np.nan))
+        rec["last_share"] = float(last_share.get(r, 0.0))
+        rec["late_floor_ms"] = float(late_floor_ns[i] / 1e6)
+        bex = med_excess.loc[r, builtin] if builtin else pd.Series(dtype=float)
+        pos = bex[bex > 0]
+        rec["explained_ms"] = float(pos.sum()) if len(pos) else 0.0
+        if len(bex) and bex.notna().any():
+            bp = str(bex.idxmax())
+            rec["builtin_phase"], rec["builtin_excess_ms"] = bp, float(bex[bp])
+        else:
+            rec["builtin_phase"], rec["builtin_excess_ms"] = "", float("nan")
+        phase, phase_ex = _specific_phase(
+            med_excess.loc[r] if phases else pd.Series(dtype=float), rec, cfg
+        )
+        # the work criterion: the phase most consistently slower than the others
+        if phases:
+            ok = (step_share.loc[r] >= 0.75) & (step_ex.loc[r] > work_floor_ns / 1e6)
+            cand = step_ex.loc[r][ok]
+        else:
+            cand = pd.Series(dtype=float)
+        if len(cand):
+            wp = str(cand.idxmax())
+            rec["work_phase"] = wp.removeprefix("user:")
+            rec["work_excess_ms"] = float(cand[wp])
+            rec["work_share"] = float(step_share.loc[r, wp])
+        else:
+            best = step_ex.loc[r].idxmax() if phases and step_ex.loc[r].notna().any() else None
+            rec["work_phase"] = "" if best is None else str(best).removeprefix("user:")
+            rec["work_excess_ms"] = float(step_ex.loc[r, best]) if best is not None else np.nan
+            rec["work_share"] = float(step_share.loc[r, best]) if best is not None else 0.0
+        rec["work_floor_ms"] = work_floor_ns / 1e6
+        enough = n_ranks >= 2 and int(n_steps.get(r, 0)) >= cfg.min_steps
+        late_ok = np.isfinite(rec["late_ms"]) and rec["late_ms"] > rec["late_floor_ms"]
+        need_ms = max(cfg.explain_frac * rec["late_ms"], rec["work_floor_ms"])
+        explained = late_ok and rec["explained_ms"] >= need_ms
+        rec["by_arrival"] = bool(
+            enough and rec["last_share"] >= need_last and late_ok and explained
+        )
+        rec["by_work"] = bool(enough and len(cand) > 0)
+        if not rec["by_arrival"] and rec["by_work"]:
+            # named for consistently slow work: name that phase (or the user span inside it)
+            phase = rec["work_phase"]
+            phase_ex = float(med_excess.loc[r, _col(rec["work_phase"], phases)])
+        rec["phase"], rec["phase_excess_ms"] = phase, phase_ex
+        rec["named"] = rec["by_arrival"] or rec["by_work"]
+        rec["reason"] = _reason(rec) if rec["named"] else ""
+        rows.append(rec)
+    out = pd.concat([base, pd.DataFrame(rows)], axis=1)
+    return out[_VERDICT_COLUMNS]
+
+
+_VERDICT_COLUMNS = [
+    "rank",
+    "host",
+    "steps",
+    "late_ms",
+    "last_share",
+    "late_floor_ms",
+    "explained_ms",
+    "phase",
+    "phase_excess_ms",
+    "builtin_phase",
+    "builtin_excess_ms",
+    "work_phase",
+    "work_excess_ms",
+    "work_share",
+    "work_floor_ms",
+    "by_arrival",
+    "by_work",
+    "named",
+    "reason",
+]
+
+
+def _col(phase: str, phases: list[str]) -> str:
+    return phase if phase in phases else f"user:{phase}"
+
+
+def _specific_phase(ex: pd.Series, rec: dict[str, Any], cfg: StragglerConfig) -> tuple[str, float]:
+    """Return the built-in phase with the largest excess, or a user span explaining most of it."""
+    bp, bx = rec["builtin_phase"], rec["builtin_excess_ms"]
+    if not bp:
+        return "", float("nan")
+    users = ex[[c for c in ex.index if c.startswith("user:")]]
+    if len(users) and users.notna().any():
+        up = str(users.idxmax())
+        if bx > 0 and users[up] >= cfg.user_prefer_frac * bx:
+            return up.removeprefix("user:"), float(users[up])
+    return bp, float(bx)
+
+
+def _reason(rec: dict[str, Any]) -> str:
+    parts = []
+    if rec["by_arrival"]:
+        parts.append(
+            f"arrives last in {rec['last_share']:.0%} of steps, {rec['late_ms']:.1f} ms late"
+        )
+    if rec["by_work"]:
+        parts.append(
+            f"{rec['work_phase']} +{rec['work_excess_ms']:.1f} ms in {rec['work_share']:.0%} "
+            "of steps"
+        )
+    return "; ".join(parts)
+
+
+def _empty_verdicts(base: pd.DataFrame) -> pd.DataFrame:
+    out = base.copy()
+    for c in _VERDICT_COLUMNS:
+        if c not in out.columns:
+            out[c] = False if c in ("by_arrival", "by_work", "named") else np.nan
+    for c in ("phase", "builtin_phase", "work_phase", "reason"):
+        out[c] = ""
+    return out[_VERDICT_COLUMNS]
+
+
+def find_stragglers(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Return the named stragglers of :func:`straggler_table`, latest first.
+
+    Columns: ``rank``, ``host``, ``late_ms``, ``last_share``, ``phase``, ``phase_excess_ms``,
+    ``reason``.
+    """
+    cols = ["rank", "host", "late_ms", "last_share", "phase", "phase_excess_ms", "reason"]
+    named = verdicts[verdicts["named"]]
+    return named.sort_values("late_ms", ascending=False)[cols].reset_index(drop=True)
+
+
+def slow_hosts(
+    verdicts: pd.DataFrame,
+    steps: pd.DataFrame,
+    skip_steps: int = 1,
+    config: StragglerConfig | None = None,
+) -> pd.DataFrame:
+    """Return the hosts all of whose ranks (2 or more) are late, when the run has several hosts.
+
+    A rank counts as late when its median lateness is above its floor and its phases explain it,
+    or when it is named for consistently slow work. A host is named when all its ranks are late,
+    some rank elsewhere is not, and the last rank of a step is on that host in a clear majority of
+    steps (the same share as for ranks, counting hosts). Columns: ``host``, ``ranks`` (list),
+    ``late_ms`` (median of its ranks'), ``last_share``, ``phase`` (its ranks' most common phase).
+    """
+    cols = ["host", "ranks", "late_ms", "last_share", "phase"]
+    cfg = config or StragglerConfig()
+    v = verdicts
+    if v.empty or v["host"].nunique() < 2:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    late = (v["late_ms"] > v["late_floor_ms"]) & (
+        v["explained_ms"] >= np.maximum(cfg.explain_frac * v["late_ms"], v["work_floor_ms"])
+    )
+    late |= v["by_work"]
+    a = analyzed_steps(steps, skip_steps)
+    last = a[a["is_last"]][["step", "rank"]]
+    host_of = dict(zip(v["rank"], v["host"]))
+    last_host = last["rank"].map(host_of)
+    n_steps = max(a["step"].nunique(), 1)
+    need = cfg.last_share_needed(v["host"].nunique())
+    rows = []
+    for host, grp in v.groupby("host", sort=True):
+        if len(grp) < 2:
+            continue
+        all_late = bool(late[grp.index].all())
+        others_ok = bool((~late[v.index.difference(grp.index)]).any())
+        share = float((last_host == host).groupby(last["step"]).any().sum() / n_steps)
+        if all_late and others_ok and share >= need:
+            phase = grp["phase"].replace("", np.nan).mode()
+            rows.append(
+                {
+                    "host": host,
+                    "ranks": [int(r) for r in grp["rank"]],
+                    "late_ms": float(grp["late_ms"].median()),
+                    "last_share": share,
+                    "phase": str(phase.iloc[0]) if len(phase) else "",
+                }
+            )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def mark_host_stragglers(verdicts: pd.DataFrame, hosts_df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``verdicts`` with every rank of a slow host named (reason says so)."""
+    if hosts_df.empty:
+        return verdicts
+    v = verdicts.copy()
+    for _, h in hosts_df.iterrows():
+        m = v["host"] == h["host"]
+        note = f"all ranks of host {h['host']} are late"
+        v.loc[m, "reason"] = [f"{r}; {note}" if r else note for r in v.loc[m, "reason"]]
+        v.loc[m & (v["phase"] == ""), "phase"] = h["phase"]
+        v.loc[m, "named"] = True
+    return v
+
+
+def arrival_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Return per (rank, step): ``lateness_ms`` (how long after the first rank of that step the
+    rank's last gradient was ready) and ``is_last``, from a step table (for plots)."""
+    out = steps[["rank", "step", "lateness_ns", "is_last"]].copy()
+    out["lateness_ms"] = out.pop("lateness_ns") / 1e6
+    return out

@@ -1,0 +1,582 @@
+"""``hvtrace analyze``: the terminal report, the JSON summary and the CSV/Parquet tables.
+
+:func:`format_report` renders an :class:`hvtrace.analysis.Analysis` as plain text that fits in 80
+columns; :func:`analysis_to_dict` / :func:`write_json` give the machine-readable summary;
+:func:`write_tables` writes the span and per-step tables as CSV or Parquet files;
+:func:`analyze_command` is the sub-command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis import Analysis
+from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
+from hvtrace.load import TraceError
+
+WIDTH = 80
+
+
+# -- terminal report -------------------------------------------------------------------------------
+def _wrap(text: str, width: int, first: str = "", rest: str = "  ") -> list[str]:
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_on_hyphens=False,
+        break_long_words=False,  # a file path stays whole (copyable) even past the width
+    ) or [first.rstrip()]
+
+
+def _num(x: Any, fmt: str = ".1f") -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    if not math.isfinite(x):
+        return "-"
+    return format(x, fmt)
+
+
+def _gbps(x: Any) -> str:
+    """Bandwidth in GB/s with 3 significant digits; tiny values (fused small tensors) as <0.01."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    if not math.isfinite(x):
+        return "-"
+    return "<0.01" if 0 < x < 0.01 else format(x, ".3g")
+
+
+def _pct(x: Any) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if not math.isfinite(x) else f"{x:.0%}"
+
+
+def _table(headers: list[tuple[str, int, str]], rows: list[list[str]]) -> list[str]:
+    """Fixed-width table: headers are (title, width, align '<' or '>')."""
+    line = " ".join(f"{t:{a}{w}}"[:w] if a == "<" else f"{t:>{w}}"[-w:] for t, w, a in headers)
+    out = [line.rstrip()]
+    for r in rows:
+        cells = []
+        for (_, w, a), v in zip(headers, r):
+            v = str(v)
+            if len(v) > w:
+                v = v[: w - 1] + "…" if a == "<" else v[:w]
+            cells.append(f"{v:{a}{w}}")
+        out.append(" ".join(cells).rstrip())
+    return out
+
+
+def _select_ranks(a: Analysis, max_ranks: int) -> tuple[list[int], str]:
+    """All ranks when they fit; else the named stragglers, then the latest ranks."""
+    ranks = list(a.per_rank["rank"].astype(int))
+    if len(ranks) <= max_ranks:
+        return ranks, ""
+    show = max(max_ranks - 2, 1)  # two rows go to the median and max over all ranks
+    named = [int(r) for r in a.stragglers["rank"]]
+    late = a.verdicts.sort_values("late_ms", ascending=False)["rank"].astype(int).tolist()
+    keep: list[int] = []
+    for r in [*named, *late]:
+        if r not in keep:
+            keep.append(r)
+        if len(keep) >= show:
+            break
+    keep.sort()
+    note = (
+        f"(showing {len(keep)} of {len(ranks)} ranks: stragglers and latest first; med/max: "
+        "over all ranks; --json or --csv for every rank)"
+    )
+    return keep, note
+
+
+def _rank_rows(a: Analysis, ranks: list[int], note: str) -> list[tuple[str, pd.Series]]:
+    """(label, per-rank row) for the shown ranks, plus med/max rows over all ranks if cut."""
+    pr = a.per_rank.set_index("rank")
+    rows = [(str(r), pr.loc[r]) for r in ranks]
+    if note:
+        num = pr.select_dtypes("number")
+        med = pd.concat([num.median(), pd.Series({"host": ""})])
+        mx = pd.concat([num.max(), pd.Series({"host": ""})])
+        rows += [("med", med), ("max", mx)]
+    return rows
+
+
+def format_report(
+    a: Analysis, width: int = WIDTH, max_ranks: int = 16, max_tensors: int = 6
+) -> str:
+    """Return the analysis as plain text lines no wider than ``width`` (80 by default)."""
+    w = width
+    L: list[str] = []
+    n_hosts = len(set(a.hosts.values()))
+    hosts = ", ".join(sorted(set(a.hosts.values())))
+    head = (
+        f"hvtrace analyze: run {a.run_id or '?'}, {len(a.ranks)} of {a.size} rank(s) on "
+        f"{n_hosts} host(s)" + (f" ({hosts})" if n_hosts <= 3 else "")
+    )
+    L += _wrap(head, w)
+    first, last, count = a.analyzed_step_numbers
+    sel = ""
+    if a.step_range is not None:
+        lo, hi = a.step_range
+        sel = f"; selected steps {lo}..{'end' if hi is None else hi - 1}"
+    if count:
+        skipped = ""
+        if a.skip_steps == 1:
+            skipped = "warm-up step 0 skipped"
+        elif a.skip_steps > 1:
+            skipped = f"warm-up steps 0..{a.skip_steps - 1} skipped"
+        L += _wrap(
+            f"steps {first}..{last} analyzed ({count} steps"
+            + (f"; {skipped}" if skipped else "")
+            + f"{sel})",
+            w,
+        )
+    else:
+        L += _wrap(f"no complete step to analyze{sel}", w)
+    if a.run_dir is not None:
+        L += _wrap(f"directory: {a.run_dir}", w)
+    if a.clock:
+        L += _wrap(a.clock, w)
+    for p in a.problems:
+        L += _wrap(_relative(p, a.run_dir), w, "! ", "  ")
+
+    ranks, note = _select_ranks(a, max_ranks)
+    pr = a.per_rank.set_index("rank")
+    shown = _rank_rows(a, ranks, note)
+    # -- where the time goes
+    L.append("")
+    L.append("Where each step's time goes (median ms per step, per rank)")
+    phases = [("input", "input")]
+    if (pr["forward_ms"].fillna(0) > 0).any() or (pr["backward_ms"].fillna(0) > 0).any():
+        phases += [("forward", "fwd"), ("backward", "bwd")]
+    if (pr["compute_ms"].fillna(0) > 0).any():
+        phases += [("compute", "compute")]
+    phases += [("wait", "wait"), ("update", "update"), ("user", "user"), ("other", "other")]
+    headers = [("rank", 4, ">"), ("host", 10, "<"), ("step", 7, ">")]
+    headers += [(t, 7, ">") for _, t in phases]
+    show_p95 = sum(h[1] + 1 for h in headers) + 8 <= w
+    if show_p95:
+        headers.append(("p95", 7, ">"))
+    rows = []
+    for label, x in shown:
+        row = [label, str(x["host"]), _num(x["step_ms"])]
+        row += [_num(x[f"{p}_ms"]) for p, _ in phases]
+        if show_p95:
+            row.append(_num(x["step_p95_ms"]))
+        rows.append(row)
+    L += _table(headers, rows)
+    if show_p95:
+        L += _wrap(
+            "p95: 95th percentile of the step time. wait: blocked in synchronize() "
+            "(communication not hidden). other: time no phase or user span covers.",
+            w,
+        )
+    if note:
+        L += _wrap(note, w)
+
+    # -- communication and arrival
+    L.append("")
+    L.append("Communication and arrival (medians per step)")
+    headers = [
+        ("rank", 4, ">"),
+        ("allreduce", 9, ">"),
+        ("hidden", 6, ">"),
+        ("comm/comp", 9, ">"),
+        ("algbw", 7, ">"),
+        ("late", 7, ">"),
+        ("last", 5, ">"),
+    ]
+    units = ["", "ms", "", "", "GB/s", "ms", ""]
+    rows = [list(units)]
+    for label, x in shown:
+        rows.append(
+            [
+                label,
+                _num(x["allreduce_ms"]),
+                _pct(x["overlap"]),
+                _num(x["comm_compute_ratio"], ".2f"),
+                _gbps(x["algbw_gbps"]),
+                _num(x["lateness_ms"]),
+                _pct(x["last_share"]),
+            ]
+        )
+    L += _table(headers, rows)
+    L += _wrap(
+        "allreduce: time with at least one allreduce in flight (it includes waiting for late "
+        "ranks); hidden: share of it under backward; late: after the first rank's last gradient "
+        "was ready; last: share of steps this rank was ready last.",
+        w,
+    )
+
+    # -- tensors
+    t = a.tensors
+    if len(t):
+        L.append("")
+        L.append(
+            f"Allreduce per tensor (top {min(max_tensors, len(t))} of {len(t)} by time; "
+            "median over steps)"
+        )
+        headers = [
+            ("tensor", 26, "<"),
+            ("bytes", 10, ">"),
+            ("dtype", 8, "<"),
+            ("ms", 8, ">"),
+            ("algbw", 8, ">"),
+            ("busbw", 8, ">"),
+        ]
+        rows = [["", "", "", "", "GB/s", "GB/s"]]
+        for _, x in t.head(max_tensors).iterrows():
+            rows.append(
+                [
+                    str(x["name"]),
+                    _bytes(x["bytes"]),
+                    str(x["dtype"]),
+                    _num(x["time_ms"], ".2f"),
+                    _gbps(x["algbw_gbps"]),
+                    _gbps(x["busbw_gbps"]),
+                ]
+            )
+        L += _table(headers, rows)
+        c = a.comm
+        L += _wrap(
+            f"per step: {_num(c['tensors_per_step'], '.0f')} tensors, "
+            f"{_bytes(c['bytes_per_step'])} in {_num(c['comm_ms'])} ms of allreduce -> algbw "
+            f"{_gbps(c['algbw_gbps'])} GB/s, busbw {_gbps(c['busbw_gbps'])} GB/s "
+            f"(n={a.size}, busbw = algbw x 2(n-1)/n).",
+            w,
+        )
+        L += _wrap(
+            "tensor time = first observed end - last rank's enqueue. Note: "
+            + BANDWIDTH_CAVEAT
+            + ".",
+            w,
+        )
+
+    # -- stragglers
+    L.append("")
+    if a.stragglers.empty:
+        L.append("Stragglers: none named")
+    else:
+        L.append("Stragglers")
+        headers = [
+            ("rank", 4, ">"),
+            ("host", 14, "<"),
+            ("late ms", 8, ">"),
+            ("last", 5, ">"),
+            ("phase", 16, "<"),
+            ("excess ms", 10, ">"),
+        ]
+        rows = []
+        for _, s in a.stragglers.iterrows():
+            rows.append(
+                [
+                    str(int(s["rank"])),
+                    str(s["host"]),
+                    _num(s["late_ms"]),
+                    _pct(s["last_share"]),
+                    str(s["phase"] or "-"),
+                    _num(s["phase_excess_ms"], "+.1f"),
+                ]
+            )
+        L += _table(headers, rows)
+        L += _wrap("excess: how much longer the phase takes than the other ranks' median.", w)
+    for _, h in a.slow_hosts.iterrows():
+        L += _wrap(
+            f"slow host {h['host']}: ranks {', '.join(map(str, h['ranks']))}, median "
+            f"{h['late_ms']:.1f} ms late, last in {h['last_share']:.0%} of steps",
+            w,
+        )
+
+    # -- findings
+    if a.findings:
+        L.append("")
+        L.append("Findings")
+        for f in a.findings:
+            mark = "!" if f.severity == "warning" else "-"
+            L += _wrap(f.message, w, f"{mark} ", "  ")
+    return "\n".join(L)
+
+
+def _relative(problem: str, run_dir: Path | None) -> str:
+    """Shorten a loader problem: file paths relative to the run directory (printed above)."""
+    if run_dir is None:
+        return problem
+    d = str(run_dir).rstrip(os.sep)
+    if problem.startswith(d + ": "):
+        problem = problem[len(d) + 2 :]
+    return problem.replace(d + os.sep, "")
+
+
+def _bytes(b: Any) -> str:
+    try:
+        b = float(b)
+    except (TypeError, ValueError):
+        return "-"
+    if not math.isfinite(b):
+        return "-"
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= div:
+            return f"{b / div:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+def _clean(x: Any) -> Any:
+    """Make ``x`` JSON-ready: numpy scalars to Python, NaN/NA to None, keys to strings."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple | np.ndarray):
+        return [_clean(v) for v in x]
+    if x is None or x is pd.NA or x is pd.NaT:
+        return None
+    if isinstance(x, bool | np.bool_):
+        return bool(x)
+    if isinstance(x, int | np.integer):
+        return int(x)
+    if isinstance(x, float | np.floating):
+        x = float(x)
+        return round(x, 6) if math.isfinite(x) else None
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [_clean(r) for r in df.to_dict("records")]
+
+
+def analysis_to_dict(a: Analysis) -> dict[str, Any]:
+    """Return the JSON summary of an analysis (plain Python types; NaN becomes None).
+
+    Keys: ``run_id``, ``run_dir``, ``size``, ``ranks``, ``hosts``, ``steps`` (first, last,
+    count, skip_steps, selected), ``per_rank`` (medians and p95 in ms, ratios, ``user_ms`` per
+    user span), ``stragglers`` (rank, host, late_ms, last_share, phase, phase_excess_ms,
+    reason), ``slow_hosts``, ``verdicts`` (every rank's evidence), ``findings``,
+    ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
+    ``clock`` (summary, uncertainty_ns per rank), ``problems``, ``horovod_env``, ``optimizer``.
+    """
+    from hvtrace import __version__
+
+    first, last, count = a.analyzed_step_numbers
+    per_rank = _records(a.per_rank)
+    up = a.user_per_rank
+    for rec in per_rank:
+        sub = up[up["rank"] == rec["rank"]] if len(up) else up
+        rec["user_spans_ms"] = {
+            str(n): _clean(v) for n, v in zip(sub.get("name", []), sub.get("median_ms", []))
+        }
+    return _clean(
+        {
+            "hvtrace_version": __version__,
+            "run_id": a.run_id,
+            "run_dir": str(a.run_dir) if a.run_dir else None,
+            "size": a.size,
+            "ranks": a.ranks,
+            "hosts": a.hosts,
+            "steps": {
+                "first": first if count else None,
+                "last": last if count else None,
+                "count": count,
+                "skip_steps": a.skip_steps,
+                "selected": list(a.step_range) if a.step_range is not None else None,
+            },
+            "per_rank": per_rank,
+            "stragglers": _records(a.stragglers),
+            "slow_hosts": _records(a.slow_hosts),
+            "verdicts": _records(a.verdicts),
+            "findings": [f.to_dict() for f in a.findings],
+            "communication": {**a.comm, "caveat": BANDWIDTH_CAVEAT},
+            "tensors": _records(a.tensors),
+            "per_step": _records(a.per_step),
+            "clock": {"summary": a.clock, "uncertainty_ns": a.clock_uncertainty_ns},
+            "problems": a.problems,
+            "missing_ranks": a.missing_ranks,
+            "timing": a.timing,
+            "horovod_env": a.horovod_env,
+            "optimizer": a.optimizer,
+        }
+    )
+
+
+def write_json(a: Analysis, path: str | os.PathLike) -> Path:
+    """Write :func:`analysis_to_dict` to ``path`` (``-``: stdout); return the path."""
+    text = json.dumps(analysis_to_dict(a), indent=1)
+    if str(path) == "-":
+        sys.stdout.write(text + "\n")
+        return Path("-")
+    p = Path(path)
+    _write(p, lambda: p.write_text(text + "\n"))
+    return p
+
+
+# -- CSV / Parquet tables --------------------------------------------------------------------------
+def export_tables(a: Analysis, spans: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """Return the tables written by :func:`write_tables`, by file stem.
+
+    ``spans`` (the run's span table, times in ns on rank 0's clock), ``steps`` (per rank and
+    step), ``per_rank``, ``per_step``, ``tensors``, ``collectives``, ``user_spans``, ``stragglers``
+    (every rank's evidence and verdict).
+    """
+    out = {}
+    if spans is not None:
+        out["spans"] = spans
+    out["steps"] = a.steps
+    out["per_rank"] = a.per_rank
+    out["per_step"] = a.per_step
+    out["tensors"] = a.tensors
+    out["collectives"] = a.collectives
+    out["user_spans"] = a.users
+    out["stragglers"] = a.verdicts
+    return out
+
+
+def _to_arrow(df: pd.DataFrame) -> Any:
+    import pyarrow as pa
+
+    t = pa.Table.from_pandas(df, preserve_index=False)
+    cols = []
+    for i, f in enumerate(t.schema):
+        c = t.column(i)
+        if pa.types.is_dictionary(f.type):
+            c = c.cast(f.type.value_type)
+        cols.append(c)
+    return pa.table(cols, names=t.schema.names)
+
+
+def write_tables(
+    a: Analysis, out_dir: str | os.PathLike, fmt: str = "csv", spans: pd.DataFrame | None = None
+) -> list[Path]:
+    """Write :func:`export_tables` into ``out_dir`` as ``NAME.csv`` or ``NAME.parquet``.
+
+    Returns the files written. Raises :class:`TraceError` when the directory cannot be written.
+    """
+    if fmt not in ("csv", "parquet"):
+        raise ValueError(f"fmt must be 'csv' or 'parquet', not {fmt!r}")
+    d = Path(out_dir)
+    _write(d, lambda: d.mkdir(parents=True, exist_ok=True))
+    written = []
+    for name, df in export_tables(a, spans).items():
+        p = d / f"{name}.{fmt}"
+        table = _to_arrow(df)
+        if fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            _write(p, lambda p=p, table=table: pacsv.write_csv(table, str(p)))
+        else:
+            import pyarrow.parquet as pq
+
+            _write(p, lambda p=p, table=table: pq.write_table(table, str(p)))
+        written.append(p)
+    return written
+
+
+def _write(path: Path, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+# -- the sub-command -------------------------------------------------------------------------------
+def _progress(label: str) -> Callable[[Iterable[Path]], Iterable[Path]] | None:
+    """A rich progress bar over the rank files, on stderr, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import track
+
+    console = Console(stderr=True)
+
+    def wrap(files: Iterable[Path]) -> Iterable[Path]:
+        files = list(files)
+        return track(files, description=label, console=console, transient=True)
+
+    return wrap
+
+
+def _status(label: str) -> Any:
+    """A rich spinner on stderr while the analysis runs, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        import contextlib
+
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(label)
+
+
+def analyze_command(args: argparse.Namespace) -> int:
+    """Run ``hvtrace analyze``; return the exit code (errors in the input raise TraceError)."""
+    from hvtrace.analysis import analyze
+    from hvtrace.load import load_run
+
+    if args.skip_steps < 0:
+        raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
+    run = load_run(args.run_dir, run_id=args.run_id, progress=_progress("loading rank files"))
+    with _status(f"analyzing {len(run.spans):,} spans"):
+        a = analyze(run, steps=args.steps, skip_steps=args.skip_steps)
+    to_stdout = args.json == "-"
+    notes = []
+    if args.json:
+        p = write_json(a, args.json)
+        if not to_stdout:
+            notes.append(f"summary: {p}")
+    for fmt, d in (("csv", args.csv), ("parquet", args.parquet)):
+        if d:
+            spans = run.spans
+            if args.steps is not None:
+                lo, hi = args.steps
+                m = spans["step"] >= lo
+                if hi is not None:
+                    m &= spans["step"] < hi
+                spans = spans[m]
+            files = write_tables(a, d, fmt, spans=spans)
+            notes.append(f"{fmt} tables: {len(files)} files in {d}")
+    if args.timeline:
+        notes.append(_write_timeline(run, a, args.timeline, args.steps))
+    if not to_stdout:
+        print(format_report(a))
+        if notes:
+            print()
+            for n in notes:
+                print("\n".join(_wrap(n, WIDTH)))
+    else:
+        for n in notes:
+            print(n, file=sys.stderr)
+    return 0
+
+
+def _write_timeline(run: Any, a: Analysis, path: str, steps: tuple[int, int | None] | None) -> str:
+    try:
+        from hvtrace.export.chrome import write_chrome_trace
+    except ImportError as exc:
+        raise TraceError(f"cannot write the timeline: {exc}") from None
+    try:
+        files = write_chrome_trace(run, path, steps=steps, steps_df=a.steps)
+    except ValueError as exc:
+        raise TraceError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    if len(files) == 1:
+        return f"timeline: {files[0]} (open in https://ui.perfetto.dev)"
+    return (
+        f"timeline: {len(files)} parts {files[0].name} .. {files[-1].name} in "
+        f"{files[0].parent} (open each in https://ui.perfetto.dev)"
+    )

@@ -1,0 +1,351 @@
+"""The dashboard in a real browser: ``hvtrace dashboard RUN`` in a subprocess, headless Chromium.
+
+The run is recorded by a real ``horovodrun -np 2 --gloo`` job of the built-in model with rank 1's
+forward slowed by 30 ms. When that is impossible here (no Horovod, or the job fails or hangs) the
+committed sample run of the same kind is used, else a synthetic run written with hvtrace's writer;
+the test prints which one it used. Screenshots go to ``tests/artifacts/``.
+
+Skipped only when ``/usr/bin/chromium`` (or its driver, or selenium) is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SAMPLE = REPO / "sample_traces" / "slow_rank1_forward_2rank"
+GRAPHS = ("heatmap", "timeline", "ratio-rank", "ratio-steps", "tensors")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is not installed"),
+    pytest.mark.skipif(not CHROMEDRIVER.exists(), reason=f"{CHROMEDRIVER} is not installed"),
+    pytest.mark.timeout(900),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _usable(run_dir: Path) -> bool:
+    files = list(run_dir.glob("*.arrows"))
+    return len(files) >= 2 and all(f.stat().st_size > 0 for f in files)
+
+
+def _record_with_horovod(out: Path, timeout_s: float = 240) -> str | None:
+    """Record the 2-rank run with horovodrun; return None on success, else why not."""
+    bindir = Path(sys.executable).parent
+    hr = bindir / "horovodrun"
+    if not hr.exists():
+        return "horovodrun is not installed"
+    if importlib.util.find_spec("horovod") is None:
+        return "horovod is not importable"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE")}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [
+        str(hr), "-np", "2", "-H", "localhost:2", "--gloo",
+        sys.executable, "-m", "hvtrace.examples.train", "--trace-dir", str(out),
+        "--steps", "12", "--slow-rank", "1", "--slow-ms", "30",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=str(REPO),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"horovodrun did not finish within {timeout_s:.0f} s"
+    if proc.returncode != 0 or not _usable(out):
+        return f"horovodrun exited {proc.returncode}: {log.strip().splitlines()[-1:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("recorded")
+    why = _record_with_horovod(out)
+    if why is None:
+        print(f"\n[dashboard browser test] real horovodrun run recorded in {out}")
+        return out
+    if _usable(SAMPLE):
+        print(f"\n[dashboard browser test] {why}; using the recorded sample run {SAMPLE}")
+        return SAMPLE
+    spec = importlib.util.spec_from_file_location(
+        "dashboard_bench", REPO / "bench/dashboard_bench.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    synth = tmp_path_factory.mktemp("synthetic")
+    bench.write_run(synth, ranks=2, steps=12, tensors=10, slow_rank=1, slow_ms=30.0)
+    print(f"\n[dashboard browser test] {why}; no sample run either: synthetic run in {synth}")
+    return synth
+
+
+@pytest.fixture(scope="module")
+def server(run_dir):
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    log = ARTIFACTS / "dashboard_server.log"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run_dir), "--port", str(port)],
+            env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"hvtrace dashboard exited {proc.returncode}:\n{log.read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"hvtrace dashboard did not serve {url} in 180 s:\n{log.read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never download anything
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-unsafe-swiftshader",  # WebGL (timeline) through SwiftShader, without warnings
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+    drv.set_page_load_timeout(120)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(driver, js: str, *args, timeout: float = 90, what: str = "condition"):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        val = driver.execute_script(js, *args)
+        if val:
+            return val
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _graph(gid: str) -> str:
+    return f"document.querySelector('#{gid} .js-plotly-plot')"
+
+
+def _screenshot(driver, name: str, full: bool = False) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / name
+    if full:
+        h = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.set_window_size(1400, min(h + 40, 6000))
+        time.sleep(1.0)
+    driver.save_screenshot(str(path))
+    if full:
+        driver.set_window_size(1400, 1000)
+    return path
+
+
+def _severe(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+ALL_DRAWN = (
+    "return arguments[0].every(id=>{const g=document.querySelector('#'+id+' .js-plotly-plot');"
+    "return g && g.data && g.data.length>0 && g._fullLayout && g.querySelector('.main-svg');});"
+)
+
+
+def test_dashboard_in_chromium(server, driver, run_dir):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    t0 = time.monotonic()
+    driver.get(server)
+    _wait(driver, ALL_DRAWN, list(GRAPHS), what="every graph to be drawn")
+    first_render = time.monotonic() - t0
+    print(f"[dashboard browser test] every graph drawn {first_render:.2f} s after navigation")
+
+    # -- the page and every graph have data drawn -------------------------------------------------
+    assert "hvtrace" in driver.title
+    cards = driver.find_elements(By.CSS_SELECTOR, "#summary-cards .hv-card")
+    assert len(cards) >= 7, [c.text for c in cards]
+    labels = " ".join(c.text.lower() for c in cards)
+    for key in ("ranks", "hosts", "steps", "median step", "comm/compute", "overlap", "straggler"):
+        assert key in labels, labels
+    assert driver.find_elements(By.CSS_SELECTOR, "#findings li")
+    drawn = driver.execute_script(
+        """const out = {};
+        for (const id of arguments[0]) {
+          const g = document.querySelector('#' + id + ' .js-plotly-plot');
+          const full = g._fullData;  // typed arrays decoded
+          out[id] = {traces: full.length,
+                     points: full.reduce((n, t) => n + ((t.z || t.x || []).length || 0), 0),
+                     heat: g.querySelectorAll('.heatmaplayer image').length,
+                     bars: g.querySelectorAll('.bars path').length,
+                     lines: g.querySelectorAll('.scatterlayer path.js-line').length,
+                     canvas: g.querySelectorAll('canvas').length};
+        }
+        return out;""",
+        list(GRAPHS),
+    )
+    print(f"[dashboard browser test] drawn: {drawn}")
+    for gid, d in drawn.items():
+        assert d["traces"] > 0 and d["points"] > 0, (gid, d)
+    assert drawn["heatmap"]["heat"] >= 1
+    assert drawn["timeline"]["canvas"] >= 1  # WebGL bars
+    assert drawn["ratio-rank"]["bars"] >= 2
+    assert drawn["ratio-steps"]["lines"] >= 1
+    assert drawn["tensors"]["bars"] >= 2
+    assert driver.find_elements(By.CSS_SELECTOR, "#straggler-table")
+    _screenshot(driver, "dashboard_full.png", full=True)
+    assert _severe(driver) == []
+
+    # -- clicking a heat-map cell moves the timeline to that step ---------------------------------
+    tl = _graph("timeline")
+    before = driver.execute_script(
+        f"const g={tl}; return [g.layout.title.text, g.layout.xaxis.range]"
+    )
+    steps = driver.execute_script(
+        f"const g={_graph('heatmap')}; const x=g._fullData[0].x; return [x[0], x[x.length-1]]"
+    )
+    target = int(steps[1]) - 1  # far from the first window (around the slowest step)
+    if f"step {target}" in before[0] or f"–{target}" in before[0]:
+        target = int(steps[0]) + 1
+    heat = driver.find_element(By.CSS_SELECTOR, "#heatmap .js-plotly-plot .nsewdrag")
+    px = driver.execute_script(
+        f"""const g={_graph("heatmap")}, xa=g._fullLayout.xaxis, ya=g._fullLayout.yaxis;
+        const r=arguments[1].getBoundingClientRect();
+        return [xa.l2p(arguments[0]) + xa._offset - (r.left - g.getBoundingClientRect().left),
+                ya.l2p(1) + ya._offset - (r.top - g.getBoundingClientRect().top),
+                r.width, r.height];""",
+        target,
+        heat,
+    )
+    dx, dy = px[0] - px[2] / 2, px[1] - px[3] / 2  # offsets from the element's centre
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", heat)
+    ActionChains(driver).move_to_element_with_offset(heat, int(dx), int(dy)).click().perform()
+    title = _wait(
+        driver,
+        f"const g={tl}; const t=g && g.layout.title.text; "
+        f"return t && t !== arguments[0] && t.includes('step {target} highlighted') && t;",
+        before[0],
+        what=f"the timeline to open step {target}",
+    )
+    after = driver.execute_script(
+        f"const g={tl}; return [g.layout.title.text, g.layout.xaxis.range]"
+    )
+    print(f"[dashboard browser test] clicked step {target}: {before} -> {after}")
+    assert after[1] != before[1]
+    win_start = driver.find_element(By.ID, "win-start").get_attribute("value")
+    assert int(win_start) <= target < int(win_start) + 3, (win_start, title)
+    step_spans = driver.execute_script(
+        f"const g={tl}; return g.data.filter(t=>t.mode==='markers').flatMap(t=>[...t.text])"
+        f".filter(s=>s.includes('step {target}<br>')).length"
+    )
+    assert step_spans > 0
+    _screenshot(driver, "dashboard_after_click.png")
+
+    # -- the rank filter changes the rows of the timeline -----------------------------------------
+    rows_before = driver.execute_script(f"return {tl}.layout.yaxis.ticktext")
+    assert len(rows_before) >= 2
+    dd = driver.find_element(By.ID, "rank-filter")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", dd)
+    dd.click()
+    option = _wait(
+        driver,
+        "return [...document.querySelectorAll('.dash-dropdown-content label.dash-dropdown-option')]"
+        ".find(l => l.querySelector('input').value === '1')",
+        what="the rank-filter options",
+    )
+    option.click()
+    ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+    rows_after = _wait(
+        driver,
+        f"const t={tl}.layout.yaxis.ticktext; return t && t.length===1 && t",
+        what="the timeline to show only rank 1",
+    )
+    print(f"[dashboard browser test] rank filter: rows {rows_before} -> {rows_after}")
+    assert "1" in rows_after[0]
+    ranks_in_hover = driver.execute_script(
+        f"return [...new Set({tl}.data.filter(t=>t.mode==='markers').flatMap(t=>[...t.text])"
+        ".map(s=>s.match(/rank (\\d+)/)[1]))]"
+    )
+    assert ranks_in_hover == ["1"]
+    _screenshot(driver, "dashboard_rank_filter.png")
+
+    # -- changing the heat-map metric redraws it; still no console errors -------------------------
+    heat_title = driver.execute_script(f"return {_graph('heatmap')}.layout.title.text")
+    radios = driver.find_elements(By.CSS_SELECTOR, "#heat-metric input[type=radio]")
+    other = next(r for r in radios if not r.is_selected())
+    driver.execute_script("arguments[0].click()", other)
+    _wait(
+        driver,
+        f"return {_graph('heatmap')}.layout.title.text !== arguments[0]",
+        heat_title,
+        what="the heat map to change metric",
+    )
+    assert _severe(driver) == []
