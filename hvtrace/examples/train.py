@@ -7,16 +7,20 @@ Run it under Horovod, for example::
 Everything is deterministic for a given ``--seed``: each rank draws its batches from its own
 seeded generator, so a traced and an untraced run end with identical parameters. Options inject a
 known slowdown on one rank (``--slow-rank``) and exercise Horovod's options (``--bpps``,
-``--fp16``, ``--clip``, ``--groups``).
+``--fp16``, ``--clip``, ``--groups``). For benchmarks, ``--torch-profiler DIR`` runs the loop under
+``torch.profiler`` instead (use it with ``--no-trace``), and ``--step-times`` records each step's
+wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,9 +81,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--groups", type=int, default=0, help="Horovod groups= (0: none)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
-    p.add_argument("--step-times", default=None, help="write this rank's step times (s) as JSON")
+    p.add_argument(
+        "--step-times",
+        default=None,
+        help="write this rank's step times (s) as JSON; '{rank}' in the path is replaced by the "
+        "rank (without it every rank writes the same path)",
+    )
     p.add_argument("--no-finish", action="store_true", help="skip hvtrace.finish()")
+    p.add_argument(
+        "--torch-profiler",
+        default=None,
+        metavar="DIR",
+        help="run the training loop under torch.profiler (CPU activity) and export one Chrome "
+        "trace per rank to DIR/rank{RANK}.json (for comparisons: combine with --no-trace)",
+    )
     return p.parse_args(argv)
+
+
+def _profiler(out_dir: str | None) -> Any:
+    """Return a ``torch.profiler.profile`` context (CPU activity) when ``out_dir`` is set."""
+    if not out_dir:
+        return contextlib.nullcontext()
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     base = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     kwargs = dict(
-        named_parameters=model.named_parameters(),
+        # the core's names: SlowForward would prefix 'inner.' on the slowed rank only, and
+        # Horovod would wait forever for tensors whose names differ between ranks
+        named_parameters=core.named_parameters(),
         backward_passes_per_step=args.bpps,
         compression=hvd.Compression.fp16 if args.fp16 else hvd.Compression.none,
     )
@@ -112,40 +139,63 @@ def main(argv: list[str] | None = None) -> int:
             model=None if args.no_model_hooks else model,
             **kwargs,
         )
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_parameters(core.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     w_true = torch.randn(256, 10, generator=torch.Generator().manual_seed(args.seed))
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        for _ in range(args.bpps):
-            with hvtrace.span("data"):
-                x = torch.randn(args.batch_size, 256, generator=gen)
-                y = (x @ w_true).argmax(dim=1)
-                if slow and args.slow_phase == "input":
-                    time.sleep(args.slow_ms / 1e3)
-            loss = loss_fn(model(x), y) / args.bpps
-            loss.backward()
-        if args.clip:
-            opt.synchronize()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            with opt.skip_synchronize():
+    profiler_active = False
+    with _profiler(args.torch_profiler) as prof:
+        # Checked inside the loop's context: True only when torch's profiler is really recording.
+        profiler_active = bool(torch.autograd._profiler_enabled())
+        cpu0 = time.process_time()
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            for _ in range(args.bpps):
+                with hvtrace.span("data"):
+                    x = torch.randn(args.batch_size, 256, generator=gen)
+                    y = (x @ w_true).argmax(dim=1)
+                    if slow and args.slow_phase == "input":
+                        time.sleep(args.slow_ms / 1e3)
+                loss = loss_fn(model(x), y) / args.bpps
+                loss.backward()
+            if args.clip:
+                opt.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
                 opt.step()
-        else:
-            opt.step()
-        if slow and args.slow_phase == "update":
-            time.sleep(args.slow_ms / 1e3)
-        hvtrace.scalar("loss", float(loss.detach()))
-        step_times.append(time.perf_counter() - t0)
+            if slow and args.slow_phase == "update":
+                time.sleep(args.slow_ms / 1e3)
+            hvtrace.scalar("loss", float(loss.detach()))
+            step_times.append(time.perf_counter() - t0)
+        t_loop_end = time.perf_counter()
+        loop_cpu_s = time.process_time() - cpu0
+    profiler_trace = None
+    if prof is not None:
+        Path(args.torch_profiler).mkdir(parents=True, exist_ok=True)
+        profiler_trace = Path(args.torch_profiler) / f"rank{rank}.json"
+        prof.export_chrome_trace(str(profiler_trace))
     if not args.no_finish:
         hvtrace.finish()
+    finish_s = time.perf_counter() - t_loop_end
     if args.step_times:
-        Path(args.step_times).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.step_times).write_text(json.dumps({"rank": rank, "step_s": step_times}))
+        out = Path(args.step_times.replace("{rank}", str(rank)))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record: dict[str, Any] = {"rank": rank, "step_s": step_times}
+        # Extra fields for benchmarks: the process's CPU time over the loop (all threads), the
+        # time from the loop's end to the trace being on disk (profiler stop + export,
+        # hvtrace.finish), and whether torch's profiler was recording.
+        record["loop_cpu_s"] = loop_cpu_s
+        record["finish_s"] = finish_s
+        record["profiler_active"] = profiler_active
+        if profiler_trace is not None:
+            record["profiler_trace_bytes"] = profiler_trace.stat().st_size
+        out.write_text(json.dumps(record))
     if args.save_params and rank == 0:
         Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
         torch.save({k: v.detach().clone() for k, v in core.state_dict().items()}, args.save_params)

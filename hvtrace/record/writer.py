@@ -104,6 +104,72 @@ class TraceFile:
             self._sink.close()
 
 
+#: Rows per record batch when a cleanly closed file is compacted.
+COMPACT_ROWS = 65536
+
+
+def compact(path: str | os.PathLike, rows_per_batch: int = COMPACT_ROWS) -> int:
+    """Rewrite a trace file with its batches merged into batches of ``rows_per_batch`` rows.
+
+    The writer flushes small batches so that a crash loses little; once a file is closed cleanly
+    that no longer matters, and reading costs about 150 µs per batch (one decompression per
+    column buffer) and ~1 kB of framing. Streams batch by batch (bounded memory), keeps the header
+    and merges the batches' status (clock estimates, dropped count, final flag), writes a new file
+    beside the old one and replaces it atomically. Returns the number of batches written.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".compact")
+    written = 0
+    try:
+        with pa.memory_map(str(path)) as src:
+            reader = pa.ipc.open_stream(src)
+            with (
+                open(tmp, "wb") as sink,
+                pa.ipc.new_stream(sink, reader.schema, options=write_options()) as out,
+            ):
+                group: list[pa.RecordBatch] = []
+                rows = 0
+                merged: dict[str, Any] = {"dropped": 0, "clock": [], "last_step": 0}
+                total = 0
+                while True:
+                    try:
+                        batch, meta = reader.read_next_batch_with_custom_metadata()
+                    except StopIteration:
+                        break
+                    st = json.loads(meta[BATCH_STATUS_KEY]) if meta else {}
+                    merged["dropped"] = max(merged["dropped"], int(st.get("dropped", 0)))
+                    merged["clock"].extend(st.get("clock", []))
+                    merged["last_step"] = max(merged["last_step"], int(st.get("last_step", 0)))
+                    merged["final"] = bool(st.get("final", False))
+                    if batch.num_rows:
+                        group.append(batch)
+                        rows += batch.num_rows
+                    if rows >= rows_per_batch:
+                        total += rows
+                        _write_group(out, group, {**merged, "final": False, "spans": total})
+                        written += 1
+                        merged["clock"], group, rows = [], [], 0
+                total += rows
+                _write_group(out, group, {**merged, "spans": total}, reader.schema)
+                written += 1
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return written
+
+
+def _write_group(
+    out: Any, group: list[pa.RecordBatch], status: dict[str, Any], schema: Any = None
+) -> None:
+    if group:
+        table = pa.Table.from_batches(group).unify_dictionaries().combine_chunks()
+        batch = table.to_batches()[0]
+    else:
+        batch = pa.RecordBatch.from_pylist([], schema=schema)
+    out.write_batch(batch, custom_metadata={BATCH_STATUS_KEY: json.dumps(status)})
+
+
 class BackgroundWriter:
     """Owns a rank's trace file and the thread that fills it from ``buffer``.
 
@@ -132,6 +198,8 @@ class BackgroundWriter:
         self._lock = threading.RLock()  # re-entrant: close() may run in a signal handler
         self._closed = False
         self.spans_written = 0
+        #: Rewrite the file in large batches once it is closed cleanly (see :func:`compact`).
+        self.compact_on_close = True
         self.file: TraceFile | None = TraceFile(path, header)
         self._thread = threading.Thread(target=self._run, name="hvtrace-writer", daemon=True)
         self._thread.start()
@@ -203,8 +271,16 @@ class BackgroundWriter:
         self.flush(final=True)
         with self._lock:
             if self.file is not None:
+                path = self.file.path
                 try:
                     self.file.close()
                 except BaseException as exc:  # noqa: BLE001
+                    self.file = None
                     self._on_error(exc)
+                    return
                 self.file = None
+                if self.compact_on_close:
+                    try:
+                        compact(path)
+                    except BaseException as exc:  # noqa: BLE001 - the small-batch file stays
+                        log.debug("hvtrace: compacting %s failed (%s); kept as written", path, exc)
