@@ -14,3 +14,9 @@ PATH="$PWD/.venv/bin:$PATH" horovodrun -np "$NP" -H "localhost:$NP" --gloo \
 echo
 echo "== recorded: .venv/bin/hvtrace info $RUN_DIR =="
 .venv/bin/hvtrace info "$RUN_DIR"
+echo
+echo "== analysis: .venv/bin/hvtrace analyze $RUN_DIR -o $RUN_DIR/timeline.json.gz --json $RUN_DIR/report.json =="
+.venv/bin/hvtrace analyze "$RUN_DIR" -o "$RUN_DIR/timeline.json.gz" --json "$RUN_DIR/report.json"
+echo
+echo "timeline for https://ui.perfetto.dev or chrome://tracing: $RUN_DIR/timeline.json.gz"
+echo "dashboard: .venv/bin/hvtrace dashboard $RUN_DIR"
