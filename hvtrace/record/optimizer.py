@@ -335,7 +335,7 @@ class Tracer:
         if self.rec.enabled and not self.in_sync:
             try:
                 self.last_grad = self.now()
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
@@ -356,7 +356,7 @@ class Tracer:
                 self._close_backward(t)
                 rec.micro = self.fwd_count
             self.fwd_start = t
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
     def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
@@ -371,14 +371,14 @@ class Tracer:
             out = _first_grad_tensor(output)
             if out is not None:
                 out.register_hook(self._bwd_start_hook)
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
     def _bwd_start_hook(self, grad: Any) -> None:
         if self.rec.enabled and self.bwd_start is None:
             try:
                 self.bwd_start = self.now()
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
 
     def _close_backward(self, fallback_end: Any) -> None:
@@ -450,7 +450,7 @@ class Tracer:
         out = self._orig_allreduce(p)
         try:
             self._enqueued(out, (p,), t)
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return out
 
@@ -461,7 +461,7 @@ class Tracer:
         out = self._orig_grouped(ps)
         try:
             self._enqueued(out, tuple(ps), t)
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return out
 
@@ -481,7 +481,7 @@ class Tracer:
             if not self.timer.is_cuda:
                 self._poll_done()
             self.in_sync = True
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return self._orig_sync()
         try:
@@ -501,7 +501,7 @@ class Tracer:
             self.pending = []
             self.by_handle.clear()
             self.poll_idx = 0
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return out
 
@@ -514,7 +514,7 @@ class Tracer:
         try:
             ts = self.now()
             self.sync_exit = None
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             out = self._orig_step(closure)
             self._count_step()
@@ -535,12 +535,12 @@ class Tracer:
             self.compute_closed = False
             self.bwd_start = None
             self.last_grad = None
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         if self._count_step():
             try:
                 self.step_start = self.now()
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
         return out
 
@@ -561,7 +561,11 @@ class Tracer:
         still enabled, so that a rank whose tracing failed never leaves the others waiting.
         """
         t0 = monotonic_ns()
-        est = sync_clocks(self.hvd, self.clock_rounds)
+        try:
+            est = sync_clocks(self.hvd, self.clock_rounds)
+        except Exception as exc:  # noqa: BLE001 - never raise into the training loop
+            self.fail(f"clock synchronisation failed ({type(exc).__name__}: {exc})")
+            return
         if self.rec.enabled:
             self.rec.add_clock(est)
             self.rec.add(K_USER, "hvtrace.clock_sync", t0, monotonic_ns())
@@ -619,7 +623,7 @@ def _patch_module_synchronize() -> None:
         if tr is not None and tr.rec.enabled:
             try:
                 tr.on_handle_done(handle)
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 tr.fail(exc)
         return out
 

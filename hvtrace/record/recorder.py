@@ -80,7 +80,7 @@ class Recorder:
                 self._on_writer_error,
                 flush_interval_s,
             )
-        except BaseException as exc:  # noqa: BLE001 - tracing must never take training down
+        except Exception as exc:  # noqa: BLE001 - tracing must never take training down
             self.fail(f"cannot write trace file {self.path}: {exc}")
             return
         self.enabled = True
@@ -177,7 +177,7 @@ class Recorder:
         writer, self.writer = self.writer, None
         try:
             writer.close()
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             log.warning("hvtrace: closing %s failed: %s", self.path, exc)
         if _active is self:
             _set_active(None)
@@ -227,7 +227,7 @@ class span:
         if rec is not None and rec.enabled:
             try:
                 rec.add(_K_USER, self.name, self._start, monotonic_ns(), step=self._step)
-            except BaseException as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001
                 rec.fail(f"recording span {self.name!r}: {e}")
 
     def __call__(self, fn: F) -> F:
@@ -266,7 +266,7 @@ def scalar(name: str, value: Any) -> None:
         t = monotonic_ns()
         step = rec.step - 1 if rec.between_steps and rec.step > 0 else rec.step
         rec.add(_K_SCALAR, str(name), t, t, value=float(value), step=step)
-    except BaseException as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
         rec.fail(f"recording scalar {name!r}: {e}")
 
 

@@ -215,7 +215,7 @@ class BackgroundWriter:
                 return
             try:
                 self._flush_locked(final)
-            except BaseException as exc:  # noqa: BLE001 - never let the writer take training down
+            except Exception as exc:  # noqa: BLE001 - never let the writer take training down
                 self._fail(exc)
 
     def _flush_locked(self, final: bool) -> None:
@@ -256,7 +256,7 @@ class BackgroundWriter:
         if file is not None:
             try:
                 file.close()
-            except BaseException:  # noqa: BLE001 - the file is already failing
+            except Exception:  # noqa: BLE001 - the file is already failing
                 pass
         self._on_error(exc)
 
@@ -274,7 +274,7 @@ class BackgroundWriter:
                 path = self.file.path
                 try:
                     self.file.close()
-                except BaseException as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001
                     self.file = None
                     self._on_error(exc)
                     return
@@ -282,5 +282,5 @@ class BackgroundWriter:
                 if self.compact_on_close:
                     try:
                         compact(path)
-                    except BaseException as exc:  # noqa: BLE001 - the small-batch file stays
+                    except Exception as exc:  # noqa: BLE001 - the small-batch file stays
                         log.debug("hvtrace: compacting %s failed (%s); kept as written", path, exc)
