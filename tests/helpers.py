@@ -91,6 +91,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Return the environment for a horovodrun job: this venv first on PATH, the repo importable,
+    the caller's ``HVTRACE*`` variables removed, then ``extra`` added."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE")}
+    env["PATH"] = f"{PY_BIN}{os.pathsep}{env.get('PATH', '')}"
+    pp = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{pp}" if pp else str(REPO_ROOT)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
 def run_horovodrun(
     args: Sequence[str | os.PathLike],
     np: int = 2,
@@ -109,13 +122,7 @@ def run_horovodrun(
     hr = horovodrun_path()
     if hr is None:
         pytest.skip(horovod_unavailable_reason() or "horovodrun not installed")
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE")}
-    full_env["PATH"] = f"{PY_BIN}{os.pathsep}{full_env.get('PATH', '')}"
-    pp = full_env.get("PYTHONPATH")
-    full_env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{pp}" if pp else str(REPO_ROOT)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    if env:
-        full_env.update(env)
+    full_env = job_env(env)
     cmd = [str(hr), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *map(str, args)]
     t0 = time.monotonic()
     proc = subprocess.Popen(

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PY_BIN, REPO_ROOT, describe, horovodrun_path, run_train
+from helpers import describe, horovodrun_path, job_env, run_train
 
 from hvtrace.cli import main as cli_main
 from hvtrace.load import TraceError, load_run, read_rank_file
@@ -20,14 +20,6 @@ pytestmark = pytest.mark.horovod
 
 SMALL = ["--width", "64", "--layers", "2", "--batch-size", "16"]
 N_TENSORS = 6  # 2 * (layers + 1)
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE")}
-    env["PATH"] = f"{PY_BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 def _start(trace_dir: Path, *args: str, env: dict | None = None, preexec=None) -> subprocess.Popen:
@@ -50,7 +42,7 @@ def _start(trace_dir: Path, *args: str, env: dict | None = None, preexec=None) -
     ]
     return subprocess.Popen(
         cmd,
-        env={**_env(), **(env or {})},
+        env=job_env(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -24,6 +24,13 @@ SLOW = SAMPLES / "slow_rank1_forward_2rank"
 FOUR = SAMPLES / "slow_rank2_input_4rank"
 
 CASES: dict[str, int] = {}
+#: No shrinking: each example runs the whole CLI on a copied run directory.
+DAMAGE_SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def _files(d: Path) -> list[Path]:
@@ -54,12 +61,7 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example runs the whole CLI
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@DAMAGE_SETTINGS
 @given(data=st.data())
 def test_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
     run = _copy(BALANCED, tmp_path / "run")
@@ -72,12 +74,7 @@ def test_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
         assert victim.name in out + err, "a damaged file must be reported, not silently used"
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example runs the whole CLI
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@DAMAGE_SETTINGS
 @given(data=st.data())
 def test_flipped_bytes(tmp_path: Path, capsys, data) -> None:
     run = _copy(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
