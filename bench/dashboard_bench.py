@@ -7,6 +7,11 @@ load it, to analyze it, to build each figure, to build the first layout and, whe
 Chromium is available (``--browser``), the time until every graph of the page is drawn.
 
     python bench/dashboard_bench.py [--ranks 64] [--steps 2000] [--tensors 16] [--browser]
+                                    [--repeats 5]
+
+With ``--browser`` the page is opened ``--repeats`` times, each in a new headless Chromium with an
+empty profile (cold: every script fetched and compiled), then once more in the same browser
+(warm); the median and every value are printed, against the 3 s goal for the cold first render.
 
 ``write_run()`` is also used by the dashboard tests to make a realistic run without Horovod.
 """
@@ -17,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -281,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensors", type=int, default=16)
     p.add_argument("--dir", default=None, help="where to write the run (kept); default: a temp dir")
     p.add_argument("--browser", action="store_true", help="also time the first render in Chromium")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="browser loads, each in a fresh browser (median)"
+    )
     p.add_argument("--json", default=None, help="write the timings (s) to this JSON file")
     p.add_argument("--screenshot", default=None, help="with --browser: save a full-page PNG")
     args = p.parse_args(argv)
@@ -326,12 +335,29 @@ def main(argv: list[str] | None = None) -> int:
         _t("GET /_dash-layout", t, results)
         print(f"{'':<28} {len(resp.data) / 1e6:9.2f} MB layout JSON")
         if args.browser:
-            got = browser_first_render(app, screenshot=args.screenshot)
-            if not got:
+            runs = []
+            for i in range(args.repeats):  # a fresh browser and profile each time: truly cold
+                got = browser_first_render(
+                    app, screenshot=args.screenshot if i == args.repeats - 1 else None
+                )
+                if got:
+                    runs.append(got)
+            if not runs:
                 print("first render in Chromium: unavailable (no chromium/selenium or timed out)")
-            for k, v in (got or {}).items():
-                results[f"browser {k}"] = v
-                print(f"{'browser ' + k.replace('_', ' '):<28} {v * 1e3:9.1f} ms")
+            for k in runs[0] if runs else ():
+                vals = sorted(r[k] for r in runs if k in r)
+                med = statistics.median(vals)
+                results[f"browser {k}"] = med
+                results[f"browser {k} all"] = vals
+                spread = " ".join(f"{v * 1e3:.0f}" for v in vals)
+                label = "browser " + k.replace("_", " ")
+                print(f"{label:<28} {med * 1e3:9.1f} ms  (median; {spread})")
+            if runs:
+                cold = results["browser cold"]
+                print(
+                    f"first render goal (cold, median of {len(runs)}): {cold:.2f} s vs 3 s: "
+                    + ("met" if cold <= 3.0 else "MISSED")
+                )
         load = os.getloadavg()
         print(
             f"load average now: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs"

@@ -3,8 +3,8 @@
 No function here computes a metric: the numbers come from :mod:`hvtrace.analysis` (through
 :class:`hvtrace_dashboard.app.DashboardData`) or, for the timeline, straight from the span table.
 Every figure stays small enough for the browser on large runs: the heat map bins steps into at
-most ``max_cols`` columns, the timeline draws each span kind as one WebGL line trace (``None``
-gaps between bars) and merges or cuts spans beyond ``max_spans``, and per-tensor charts show at
+most ``max_cols`` columns, the timeline draws each span kind as one SVG line trace (gaps between
+bars) and merges or cuts spans beyond ``max_spans``, and per-tensor charts show at
 most ``max_tensors`` bars each.
 """
 
@@ -44,9 +44,29 @@ _LANES: dict[str, tuple[float, float]] = {
 }
 #: Spans the timeline draws at most (above: allreduces merged per rank and step, then cut).
 MAX_TIMELINE_SPANS = 10_000
+#: Thinnest allreduce sub-lane (px) drawn per tensor; below it allreduces are merged per step.
+MIN_LANE_PX = 1.0
+#: Points per line at most in the per-step charts (above: steps are binned).
+MAX_LINE_POINTS = 4_000
 #: Heat-map columns at most (above: steps are binned).
 MAX_HEATMAP_COLS = 500
 
+
+def _template() -> go.layout.Template:
+    """Return plotly_white with tick labels drawn as they are (``ticklabeloverflow="allow"``).
+
+    Plotly's default ("hide past div") measures every tick label's box in the browser, which cost
+    a fifth of a second on the first render of a 64-rank run; the margins leave room anyway.
+    """
+    import plotly.io as pio
+
+    t = go.layout.Template(pio.templates["plotly_white"])
+    t.layout.xaxis.ticklabeloverflow = "allow"
+    t.layout.yaxis.ticklabeloverflow = "allow"
+    return t
+
+
+_TEMPLATE = _template()
 _FONT = {"family": "Inter, Segoe UI, Helvetica, Arial, sans-serif", "size": 12}
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 
@@ -57,7 +77,7 @@ def _base_layout(title: str, height: int) -> dict[str, Any]:
         "height": height,
         "margin": _MARGIN,
         "font": _FONT,
-        "template": "plotly_white",
+        "template": _TEMPLATE,
     }
 
 
@@ -211,6 +231,56 @@ def _merge_allreduces(spans: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _bar_trace(
+    kind: str,
+    color: str,
+    width: float,
+    x0: np.ndarray,
+    x1: np.ndarray,
+    y: np.ndarray,
+    names: np.ndarray,
+    dtypes: np.ndarray,
+    ranks: np.ndarray,
+    steps: np.ndarray,
+    dur_ms: np.ndarray,
+    nbytes: np.ndarray,
+) -> go.Scatter:
+    """Return one kind's bars as one SVG line trace: start, middle, end, gap for each bar.
+
+    One ``<path>`` per kind draws thousands of bars faster than bars, shapes or a WebGL context
+    (which costs seconds in a browser without a GPU). Each bar's three points carry its hover:
+    the name in ``text``, and rank, step, duration (ms) and bytes in ``customdata``.
+    """
+    n = len(x0)
+    lx = np.empty(4 * n)
+    lx[0::4], lx[1::4], lx[2::4], lx[3::4] = x0, (x0 + x1) / 2, x1, np.nan
+    ly = np.repeat(y, 4)
+    ly[3::4] = np.nan
+    if kind == "allreduce":
+        label = [f"{nm} · {dt}" if dt else str(nm) for nm, dt in zip(names, dtypes)]
+    else:
+        label = [str(nm) for nm in names]
+    text = np.repeat(np.asarray(label, dtype=object), 4)
+    text[3::4] = ""
+    custom = np.repeat(np.column_stack([ranks, steps, dur_ms, nbytes]).astype(np.float32), 4, 0)
+    hover = f"<b>{kind}</b> %{{text}}<br>rank %{{customdata[0]}} · step %{{customdata[1]}}"
+    hover += "<br>%{customdata[2]:.3f} ms"
+    if kind == "allreduce":
+        hover += "<br>%{customdata[3]:.3s}B"
+    return go.Scatter(
+        x=lx,
+        y=ly,
+        mode="lines",
+        line={"color": color, "width": width, "simplify": True},
+        name=kind,
+        legendgroup=kind,
+        text=text,
+        customdata=custom,
+        hovertemplate=hover + "<extra></extra>",
+        connectgaps=False,
+    )
+
+
 def timeline_figure(
     spans: pd.DataFrame,
     ranks: Sequence[int] | None = None,
@@ -224,10 +294,12 @@ def timeline_figure(
 
     ``spans`` has the columns of :attr:`hvtrace.load.Run.spans` (already cut to the window and
     ranks to show); ``ranks`` fixes the rows (default: the ranks present). x is seconds since
-    ``t0_ns`` (default: the first span). Each kind is one ``Scattergl`` line trace whose bars are
-    separated by gaps, plus a marker trace at the bars' midpoints for hover (name, tensor, bytes,
-    duration). Beyond ``max_spans`` spans, allreduces are merged per rank and step, then the
-    latest spans are cut; the title says so. ``focus_step``'s extent is shaded.
+    ``t0_ns`` (default: the first span). Each kind is one line trace whose bars are separated by
+    gaps (see :func:`_bar_trace`); hover shows name, tensor, rank, step, duration and bytes.
+    Beyond ``max_spans`` spans, or when one sub-lane per tensor would be thinner than
+    ``MIN_LANE_PX`` (many ranks shown), allreduces are merged per rank and step; beyond
+    ``max_spans`` the latest spans are then cut; the title says so. ``focus_step``'s extent is
+    shaded.
     """
     spans = spans[spans["kind"].isin(list(KIND_COLORS))] if len(spans) else spans
     if ranks is None:
@@ -236,7 +308,12 @@ def timeline_figure(
     if not len(spans) or not ranks:
         return empty_figure("no spans in this window for the selected ranks")
     note = ""
-    if len(spans) > max_spans:
+    nrows = len(ranks)
+    row_px = int(max(16, min(64, 720 // nrows)))
+    top, bot = _LANES["allreduce"]
+    tensors = spans.loc[spans["kind"] == "allreduce", "name"].nunique()
+    if len(spans) > max_spans or (bot - top) * row_px < MIN_LANE_PX * tensors:
+        # too many bars, or one line per tensor would be thinner than a pixel: one bar per step
         spans = _merge_allreduces(spans)
         note = " · allreduces merged per step"
         if len(spans) > max_spans:
@@ -245,8 +322,6 @@ def timeline_figure(
     if t0_ns is None:
         t0_ns = int(spans["start_ns"].min())
     row_of = {r: i for i, r in enumerate(ranks)}
-    nrows = len(ranks)
-    row_px = int(max(16, min(64, 720 // nrows)))
     height = 120 + nrows * row_px
     rows = spans["rank"].map(row_of).to_numpy(dtype=np.float64)
     kinds = spans["kind"].astype(str).to_numpy()
@@ -259,9 +334,6 @@ def timeline_figure(
     xs = (start - t0_ns) / 1e9
     xe = (np.maximum(end, start) - t0_ns) / 1e9
     fig = go.Figure()
-    hx: list[np.ndarray] = []
-    hy: list[np.ndarray] = []
-    htext: list[np.ndarray] = []
     for kind, color in KIND_COLORS.items():
         m = kinds == kind
         n = int(m.sum())
@@ -270,8 +342,8 @@ def timeline_figure(
         top, bot = _LANES[kind]
         y = rows[m]
         if kind == "allreduce":
-            # one sub-lane per tensor (by order of arrival in its step) so overlapping tensors show
-            # tensors ordered by their earliest arrival in the window (gradient-ready order)
+            # one sub-lane per tensor so that overlapping allreduces show, tensors ordered by their
+            # earliest arrival in the window (gradient-ready order)
             first = pd.Series(start[m]).groupby(names[m]).min().sort_values()
             lane_of = {n: i for i, n in enumerate(first.index)}
             order = np.fromiter((lane_of[n] for n in names[m]), np.int64, n)
@@ -281,49 +353,22 @@ def timeline_figure(
         else:
             y = y + (top + bot) / 2
             width = max(1.5, 0.9 * (bot - top) * row_px)
-        lx = np.empty(3 * n)
-        lx[0::3], lx[1::3], lx[2::3] = xs[m], xe[m], np.nan
-        ly = np.empty(3 * n)
-        ly[0::3], ly[1::3], ly[2::3] = y, y, np.nan
-        dur = _fmt_ms(end[m] - start[m])
-        info = np.array(
-            [
-                f"<b>{kind}</b> {nm}<br>rank {ranks[int(rw)]} · step {st}<br>{d} ms"
-                + (f"<br>{_fmt_bytes(b)} {dt}" if b else "")
-                for nm, rw, st, d, b, dt in zip(
-                    names[m], rows[m], stepcol[m], dur, nbytes[m], dtypes[m]
-                )
-            ],
-            dtype=object,
-        )
         fig.add_trace(
-            go.Scattergl(
-                x=lx,
-                y=ly,
-                mode="lines",
-                line={"color": color, "width": width},
-                name=kind,
-                legendgroup=kind,
-                hoverinfo="skip",
-                connectgaps=False,
+            _bar_trace(
+                kind,
+                color,
+                width,
+                xs[m],
+                xe[m],
+                y,
+                names[m],
+                dtypes[m],
+                np.asarray(ranks, np.int64)[rows[m].astype(np.int64)],
+                stepcol[m],
+                (end[m] - start[m]) / 1e6,
+                nbytes[m],
             )
         )
-        hx.append((xs[m] + xe[m]) / 2)
-        hy.append(y)
-        htext.append(info)
-    # one invisible marker per bar, at its middle, carries the hover text of every kind
-    fig.add_trace(
-        go.Scattergl(
-            x=np.concatenate(hx),
-            y=np.concatenate(hy),
-            mode="markers",
-            marker={"color": "#444", "size": 6, "opacity": 0.0},
-            name="spans",
-            showlegend=False,
-            text=np.concatenate(htext),
-            hovertemplate="%{text}<extra></extra>",
-        )
-    )
     if focus_step is not None:
         f = stepcol == focus_step
         if f.any():
@@ -405,26 +450,41 @@ def ratio_over_steps_figure(
     columns: dict[str, str] | None = None,
     title: str = "Comm/compute ratio over steps",
     y_title: str = "ratio",
+    max_points: int = MAX_LINE_POINTS,
 ) -> go.Figure:
-    """Return one WebGL line per entry of ``columns`` ({column: label}) against ``per_step``'s
-    ``step`` column or index."""
+    """Return one line per entry of ``columns`` ({column: label}) against ``per_step``'s ``step``.
+
+    Beyond ``max_points`` steps, steps are binned (the mean of each bin; the title says so), so
+    that a long run stays a light SVG line.
+    """
     if per_step is None or per_step.empty:
         return empty_figure("no per-step comm/compute data")
     df = per_step.reset_index() if "step" not in per_step.columns else per_step
-    columns = columns or {c: c for c in df.columns if c != "step"}
+    columns = {c: lab for c, lab in (columns or {c: c for c in df.columns}).items() if c in df}
+    columns.pop("step", None)
+    df = df.sort_values("step")
+    x = df["step"].to_numpy(dtype=np.int64)
+    ys = {c: df[c].to_numpy(dtype=np.float64) for c in columns}
+    where = "step %{x}"
+    if len(x) > max_points:
+        width = int(np.ceil(len(x) / max_points))
+        bins = np.arange(len(x)) // width
+        with np.errstate(all="ignore"):
+            ys = {c: pd.Series(y).groupby(bins).mean().to_numpy() for c, y in ys.items()}
+        x = x[::width]
+        title += f" (mean of {width} steps per point)"
+        where = f"{width} steps from step %{{x}}"
     fig = go.Figure()
-    scatter = go.Scattergl if len(df) * len(columns) > 20_000 else go.Scatter
     for col, label in columns.items():
-        if col in df:
-            fig.add_trace(
-                scatter(
-                    x=df["step"].to_numpy(),
-                    y=df[col].to_numpy(dtype=np.float64),
-                    mode="lines",
-                    name=label,
-                    hovertemplate="step %{x}<br>%{y:.3f}<extra>" + label + "</extra>",
-                )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=ys[col],
+                mode="lines",
+                name=label,
+                hovertemplate=where + "<br>%{y:.3f}<extra>" + label + "</extra>",
             )
+        )
     fig.update_layout(
         **_base_layout(title, 320),
         legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0, "xanchor": "left"},

@@ -130,34 +130,66 @@ def test_heatmap_empty_says_so():
 # -- timeline -----------------------------------------------------------------------------------
 
 
-def test_timeline_one_row_per_rank_bars_are_gl_lines_with_gaps():
+def _hover(fig) -> list[str]:
+    """Each bar's hover as plotly renders it: kind, text, rank, step, duration (ms), bytes."""
+    out = []
+    for t in fig.data:
+        cd = np.asarray(t.customdata, dtype=float)
+        for i in range(1, len(t.x), 4):  # the middle point of each bar
+            r, st, dur, nb = cd[i]
+            out.append(f"{t.name}|{t.text[i]}|rank {r:.0f}|step {st:.0f}|{dur:.3f} ms|{nb:.0f}")
+    return out
+
+
+def test_timeline_one_row_per_rank_bars_are_svg_lines_with_gaps():
     spans = make_spans(ranks=3, steps=2, tensors=4)
     fig = figures.timeline_figure(spans, ranks=[0, 1, 2], title="T")
     assert list(fig.layout.yaxis.ticktext) == ["rank 0", "rank 1", "rank 2"]
-    lines = [t for t in fig.data if t.mode == "lines"]
-    assert lines and all(isinstance(t, go.Scattergl) for t in fig.data)
-    kinds = {t.name for t in lines}
+    assert fig.data and all(isinstance(t, go.Scatter) and t.mode == "lines" for t in fig.data)
+    kinds = {t.name for t in fig.data}
     assert kinds == {"input", "forward", "backward", "allreduce", "wait", "update", "step"}
-    ar = next(t for t in lines if t.name == "allreduce")
+    ar = next(t for t in fig.data if t.name == "allreduce")
     x = np.asarray(ar.x, dtype=float)
-    assert len(x) == 3 * 3 * 2 * 4 and np.isnan(x[2::3]).all()
-    assert (x[1::3] >= x[0::3]).all()
-    # y stays inside each rank's row
+    assert len(x) == 4 * 3 * 2 * 4 and np.isnan(x[3::4]).all()  # start, middle, end, gap
+    assert (x[2::4] >= x[0::4]).all() and np.allclose(x[1::4], (x[0::4] + x[2::4]) / 2)
+    # y stays inside each rank's row, one sub-lane per tensor
     y = np.asarray(ar.y, dtype=float)
-    assert ((y[0::3] > -0.5) & (y[0::3] < 2.5)).all()
+    assert ((y[0::4] > -0.5) & (y[0::4] < 2.5)).all()
+    assert len(np.unique(np.round(y[0::4] - np.floor(y[0::4] + 0.5), 6))) == 4
+    assert "merged" not in fig.layout.title.text
 
 
 def test_timeline_hover_names_tensor_bytes_and_duration():
     spans = make_spans(ranks=2, steps=1, tensors=2)
     fig = figures.timeline_figure(spans)
-    (hover,) = [t for t in fig.data if t.mode == "markers"]
-    text = list(hover.text)
-    assert len(text) == len(hover.x) == sum(len(t.x) // 3 for t in fig.data if t.mode == "lines")
-    ar = [s for s in text if s.startswith("<b>allreduce</b>")]
-    assert any("layer1.weight" in s and "8.19 kB float32" in s and " ms" in s for s in ar)
-    assert all("rank " in s and "step 0" in s for s in text)
-    fwd = [s for s in text if s.startswith("<b>forward</b>")]
-    assert any("rank 1" in s and "38.000 ms" in s for s in fwd)  # rank 1's slow forward
+    hover = _hover(fig)
+    assert len(hover) == sum(len(t.x) // 4 for t in fig.data)
+    ar = [h for h in hover if h.startswith("allreduce|")]
+    assert any("layer1.weight · float32|" in h and h.endswith("|8192") for h in ar)
+    assert all("|step 0|" in h for h in hover)
+    fwd = [h for h in hover if h.startswith("forward|")]
+    assert any("|rank 1|" in h and "|38.000 ms|" in h for h in fwd)  # rank 1's slow forward
+    ar_trace = next(t for t in fig.data if t.name == "allreduce")
+    assert "customdata[3]" in ar_trace.hovertemplate  # bytes shown for allreduces only
+    assert all("customdata[3]" not in t.hovertemplate for t in fig.data if t.name != "allreduce")
+
+
+def test_timeline_merges_allreduces_when_tensor_lanes_would_be_thinner_than_a_pixel():
+    few = figures.timeline_figure(make_spans(ranks=8, steps=1, tensors=16))
+    assert "merged" not in few.layout.title.text
+    spans = make_spans(ranks=64, steps=1, tensors=16)
+    fig = figures.timeline_figure(spans)
+    assert "allreduces merged per step" in fig.layout.title.text
+    ar = next(t for t in fig.data if t.name == "allreduce")
+    assert len(ar.x) == 4 * 64  # one bar per rank and step
+    assert all(s == "16 tensors (merged)" for s in ar.text[0::4])
+    # the envelope covers every tensor of the step: first enqueue to last completion
+    one = spans[(spans["rank"] == 5) & (spans["kind"] == "allreduce")]
+    t0 = int(spans["start_ns"].min())
+    x = np.asarray(ar.x, dtype=float).reshape(-1, 4)
+    row = x[np.asarray(ar.customdata, dtype=float)[0::4, 0] == 5][0]
+    assert row[0] == pytest.approx((one["start_ns"].min() - t0) / 1e9)
+    assert row[2] == pytest.approx((one["end_ns"].max() - t0) / 1e9)
 
 
 def test_timeline_rank_filter_and_x_is_seconds_since_t0():
@@ -166,7 +198,7 @@ def test_timeline_rank_filter_and_x_is_seconds_since_t0():
     t0 = int(spans["start_ns"].min())
     fig = figures.timeline_figure(sub, ranks=[1, 3], t0_ns=t0)
     assert list(fig.layout.yaxis.ticktext) == ["rank 1", "rank 3"]
-    step = next(t for t in fig.data if t.name == "step" and t.mode == "lines")
+    step = next(t for t in fig.data if t.name == "step")
     assert np.nanmin(np.asarray(step.x, dtype=float)) >= 0
     assert fig.layout.xaxis.range[1] < 1.0  # two ~72 ms steps
 
@@ -174,13 +206,13 @@ def test_timeline_rank_filter_and_x_is_seconds_since_t0():
 def test_timeline_caps_spans_by_merging_then_cutting():
     spans = make_spans(ranks=8, steps=6, tensors=40)  # 8*6*(6+40) = 2208 drawable spans
     fig = figures.timeline_figure(spans, max_spans=1000)
-    drawn = sum(len(t.x) // 3 for t in fig.data if t.mode == "lines")
+    drawn = sum(len(t.x) // 4 for t in fig.data)
     assert drawn <= 1000
     assert "merged" in fig.layout.title.text
     fig2 = figures.timeline_figure(spans, max_spans=200)
-    assert sum(len(t.x) // 3 for t in fig2.data if t.mode == "lines") <= 200
+    assert sum(len(t.x) // 4 for t in fig2.data) <= 200
     assert "cut to the first 200" in fig2.layout.title.text
-    merged = next(t for t in fig.data if t.mode == "markers")
+    merged = next(t for t in fig.data if t.name == "allreduce")
     assert any("40 tensors (merged)" in s for s in merged.text)
 
 
@@ -207,6 +239,17 @@ def test_ratio_over_steps_one_line_per_column():
     per_step = pd.DataFrame({"step": range(100), "median": 0.4, "max": 0.6})
     fig = figures.ratio_over_steps_figure(per_step, {"median": "median", "max": "max"})
     assert [t.name for t in fig.data] == ["median", "max"] and len(fig.data[0].x) == 100
+    assert all(isinstance(t, go.Scatter) for t in fig.data)
+    assert "mean of" not in fig.layout.title.text
+
+
+def test_ratio_over_steps_bins_long_runs_into_means():
+    per_step = pd.DataFrame({"step": range(10_000), "median": np.arange(10_000) % 2.0})
+    fig = figures.ratio_over_steps_figure(per_step, {"median": "median"}, max_points=1000)
+    (line,) = fig.data
+    assert len(line.x) == 1000 and list(line.x[:3]) == [0, 10, 20]
+    assert np.allclose(np.asarray(line.y, dtype=float), 0.5)  # mean of 0,1,0,1,...
+    assert "mean of 10 steps per point" in fig.layout.title.text
 
 
 def test_tensor_figure_time_and_busbw_and_cap():
@@ -227,7 +270,7 @@ def test_tensor_figure_time_and_busbw_and_cap():
 def test_no_figure_exceeds_ten_thousand_elements_on_a_large_window():
     spans = make_spans(ranks=64, steps=5, tensors=40)  # 64*5*46 = 14720 spans
     fig = figures.timeline_figure(spans)
-    assert sum(len(t.x) // 3 for t in fig.data if t.mode == "lines") <= 10_000
+    assert sum(len(t.x) // 4 for t in fig.data) <= 10_000
     big = rank_step(np.random.default_rng(1).uniform(1, 2, (64, 2000)))
     assert np.asarray(figures.heatmap_figure(big, "x").data[0].z).shape[1] <= 500
 
@@ -350,6 +393,47 @@ def test_app_first_layout_holds_every_figure_and_callbacks_move_the_timeline():
         [{"id": "heat-metric", "property": "value", "value": "step"}],
     )
     assert "step time" in resp["heatmap"]["figure"]["layout"]["title"]["text"]
+
+
+def test_app_loads_the_vendored_cartesian_plotly_only_when_versions_match(monkeypatch):
+    from hvtrace_dashboard import app as app_mod
+    from plotly.offline import get_plotlyjs_version
+
+    spans = make_spans(ranks=2, steps=3)
+    version = app_mod.bundle_version()
+    assert version is not None, "dashboard/static/plotly-cartesian.min.js is missing"
+    if version == get_plotlyjs_version():
+        client = app_mod.create_app(None, data=hand_made_data(spans)).server.test_client()
+        page = client.get("/").get_data(as_text=True)
+        route = f"/_hvtrace/plotly-cartesian-{version}.min.js"
+        # loaded before Dash's scripts, so that dcc.Graph finds window.Plotly and loads no other
+        assert page.index(route) < page.index("dash_renderer")
+        js = client.get(route)
+        assert js.status_code == 200 and b"plotly.js (cartesian" in js.data[:300]
+    monkeypatch.setattr(app_mod, "bundle_version", lambda *a: "0.0.1")
+    client = app_mod.create_app(None, data=hand_made_data(spans)).server.test_client()
+    assert "/_hvtrace/plotly-cartesian" not in client.get("/").get_data(as_text=True)
+
+
+def test_page_uses_only_trace_types_of_the_cartesian_bundle():
+    from hvtrace_dashboard.app import create_app
+
+    data = hand_made_data(make_spans(ranks=64, steps=30, tensors=8))
+    layout = json.loads(create_app(None, data=data).server.test_client().get("/_dash-layout").data)
+    types = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "Graph":
+                types.update(t.get("type", "scatter") for t in node["props"]["figure"]["data"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(layout)
+    assert types and types <= {"scatter", "bar", "heatmap"}, types
 
 
 # -- command line ---------------------------------------------------------------------------------
