@@ -18,6 +18,15 @@ round's untraced run (median over rounds, with min..max over rounds as the sprea
 step are all files the mode wrote (all ranks) divided by the steps. Each run also reports its
 ranks' process CPU time over the loop per step, a figure less disturbed by other load.
 
+Separate processes differ by several percent from run to run on a small shared machine (where
+each rank lands, how Gloo's threads interleave), which hides a 1% effect even over many rounds.
+So the benchmark also runs an **in-run A/B** per model (``--ab-steps``): one hvtrace run in which
+recording is switched off and on every ``--ab-every`` steps on all ranks (the demo's
+``--ab-every``), and compares each untraced block with the traced block after it. That measures
+what recording adds (hot-path work, the writer thread) in the same processes; the cost of
+merely having the wrappers installed (one attribute test per call while switched off) stays on
+both sides. hvtrace's writer thread also reports its own CPU time.
+
 Usage: ``python bench/overhead.py [--model small|large|both] [--rounds 5] [--steps 200]``.
 """
 
@@ -36,6 +45,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 log = logging.getLogger("overhead")
 
@@ -68,6 +79,10 @@ class RunResult:
     wall_s: float
     cpu_s_per_step: float
     checks: list[str] = field(default_factory=list)
+    #: Per step: was hvtrace recording (rank 0's view; all ranks switch at the same step).
+    traced: list[bool] = field(default_factory=list)
+    #: CPU time of hvtrace's writer threads over the loop, all ranks, per step (s); None: none.
+    writer_cpu_s_per_step: float | None = None
 
     def median_ms(self, warmup: int) -> float:
         """Median step time (ms) after skipping ``warmup`` steps."""
@@ -93,9 +108,20 @@ def _dir_bytes(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
-def run_once(model: str, mode: str, rnd: int, args: argparse.Namespace, work: Path) -> RunResult:
-    """Run the demo training once in ``mode``; return its step times and bytes written."""
-    d = work / f"{model}-{mode}-r{rnd}"
+def run_once(
+    model: str,
+    mode: str,
+    rnd: int,
+    args: argparse.Namespace,
+    work: Path,
+    ab_every: int = 0,
+) -> RunResult:
+    """Run the demo training once in ``mode``; return its step times and bytes written.
+
+    ``ab_every`` > 0 (mode hvtrace only): recording is switched off and on every that many steps
+    inside the run (``--ab-every`` of the demo), for the in-run A/B comparison.
+    """
+    d = work / f"{model}-{mode}{'-ab' if ab_every else ''}-r{rnd}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     size = MODELS[model]
@@ -129,6 +155,8 @@ def run_once(model: str, mode: str, rnd: int, args: argparse.Namespace, work: Pa
     elif mode == "hvtrace":
         out = d / "trace"
         cmd += ["--trace-dir", str(out)]
+        if ab_every:
+            cmd += ["--ab-every", str(ab_every)]
     elif mode == "timeline":
         out = d / "timeline.json"
         cmd.append("--no-trace")
@@ -168,6 +196,10 @@ def run_once(model: str, mode: str, rnd: int, args: argparse.Namespace, work: Pa
         wall,
         sum(pr.get("loop_cpu_s", 0.0) for pr in per_rank) / args.steps,
     )
+    res.traced = [bool(x) for x in per_rank[0].get("traced", [])]
+    wcpu = [pr.get("writer_cpu_s") for pr in per_rank]
+    if all(w is not None for w in wcpu):
+        res.writer_cpu_s_per_step = sum(wcpu) / args.steps
     res.checks = _check_mode(mode, per_rank, out, nbytes, nfiles, args.np)
     for problem in res.checks:
         log.warning("%s/%s round %d: %s", model, mode, rnd, problem)
@@ -242,6 +274,104 @@ def summarize(runs: list[RunResult], args: argparse.Namespace) -> dict[str, Any]
             }
         out[model] = per_mode
     return out
+
+
+def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[str, Any]:
+    """Summarize an in-run A/B run: traced vs untraced steps of the same processes.
+
+    Steps are cut into blocks of ``every`` (recording switched at each block's end); each
+    untraced block and the traced block after it form a pair. The overhead is the ratio of the
+    median traced step to the median untraced step (medians: one slow hiccup does not move
+    them); its 95% interval comes from 2,000 bootstrap resamples of the pairs, so slow drifts of
+    the machine, which hit both blocks of a pair alike, are resampled together.
+    """
+    t = np.asarray(res.step_s, dtype=np.float64) * 1e3
+    on = np.asarray(res.traced, dtype=bool)
+    keep = np.arange(len(t)) >= warmup
+    blocks = np.arange(len(t)) // every
+    pairs = []
+    for b in range(int(blocks.max()) + 1):
+        a, c = (blocks == b) & keep, (blocks == b + 1) & keep
+        if a.any() and c.any() and not on[a].any() and on[c].all():
+            pairs.append((t[a], t[c]))
+    if len(pairs) < 2:
+        raise RuntimeError(f"in-run A/B: only {len(pairs)} block pair(s); run more steps")
+    off = np.stack([p[0] for p in pairs])  # pairs x steps per block
+    on_ = np.stack([p[1] for p in pairs])
+    on_ms, off_ms = float(np.median(on_)), float(np.median(off))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(pairs), (2000, len(pairs)))
+    boot = np.array([np.median(on_[i]) / np.median(off[i]) for i in idx])
+    lo, hi = np.quantile(100.0 * (boot - 1.0), [0.025, 0.975])
+    return {
+        "model": res.model,
+        "steps": len(t),
+        "every": every,
+        "pairs": len(pairs),
+        "on_ms": on_ms,
+        "off_ms": off_ms,
+        "overhead_pct": 100.0 * (on_ms / off_ms - 1.0),
+        "ci95_pct": (float(lo), float(hi)),
+        "writer_cpu_ms_per_step": None
+        if res.writer_cpu_s_per_step is None
+        # the writer only works while recording: per traced step
+        else 1e3 * res.writer_cpu_s_per_step * len(t) / max(int(on.sum()), 1),
+    }
+
+
+def ab_goal(ab: dict[str, Any]) -> tuple[str, bool, str]:
+    """Return (goal, met?, note) judged on the in-run A/B estimate and its interval."""
+    limit = GOAL_OVERHEAD_PCT[ab["model"]]
+    est, ci = ab["overhead_pct"], ab["ci95_pct"]
+    note = ""
+    if ci is not None and ci[0] <= limit < ci[1]:
+        note = f"within noise: 95% CI {ci[0]:+.2f}..{ci[1]:+.2f}%"
+    return (f"hvtrace overhead <= {limit:g}% (in-run A/B)", est <= limit, note)
+
+
+def print_ab(abs_: list[dict[str, Any]]) -> None:
+    """Print the in-run A/B table and its goals."""
+    if not abs_:
+        return
+    print(
+        "\nIn-run A/B: one hvtrace run per model, recording switched off and on every N steps "
+        "(all ranks at the same step);\nsame processes, so run-to-run noise cancels. overhead = "
+        "median traced step / median untraced step, with a 95% interval from bootstrapping "
+        "the\n(untraced block, next traced block) pairs. writer CPU = hvtrace's background "
+        "writer, all ranks, per traced step."
+    )
+    rows = []
+    for ab in abs_:
+        ci = ab["ci95_pct"]
+        w = ab["writer_cpu_ms_per_step"]
+        rows.append(
+            [
+                ab["model"],
+                f"{ab['steps']} / {ab['every']}",
+                f"{ab['on_ms']:.1f}",
+                f"{ab['off_ms']:.1f}",
+                f"{ab['overhead_pct']:+.2f}% [{ci[0]:+.2f}..{ci[1]:+.2f}]",
+                str(ab["pairs"]),
+                "-" if w is None else f"{w:.3f}",
+            ]
+        )
+    print(
+        _table(
+            [
+                "model",
+                "steps / N",
+                "traced ms",
+                "untraced ms",
+                "overhead [95% CI]",
+                "pairs",
+                "writer CPU ms/step",
+            ],
+            rows,
+        )
+    )
+    for ab in abs_:
+        text, met, why = ab_goal(ab)
+        print(f"  {ab['model']}: goal: {text:<38} {'ok' if met else 'MISSED':<6}  {why}".rstrip())
 
 
 def goals(model: str, per_mode: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -386,6 +516,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="skip the uncounted short run that warms caches before the first round",
     )
+    p.add_argument(
+        "--ab-steps",
+        type=int,
+        default=1000,
+        help="steps of the in-run A/B run per model (0: skip it)",
+    )
+    p.add_argument(
+        "--ab-every", type=int, default=4, help="in-run A/B: switch recording every N steps"
+    )
     p.add_argument("--workdir", default=None, help="where runs write (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep every run's files and logs")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
@@ -411,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     done = 0
     total = args.rounds * len(models) * len(args.modes)
+    abs_: list[dict[str, Any]] = []
     try:
         if not args.no_warmup_run:
             log.info("warm-up run (not counted)")
@@ -447,6 +587,20 @@ def main(argv: list[str] | None = None) -> int:
                         res.wall_s,
                         eta,
                     )
+        if args.ab_steps:
+            ab_args = argparse.Namespace(**{**vars(args), "steps": args.ab_steps})
+            for model in models:
+                log.info("in-run A/B: %s, %d steps, switching every %d", model, args.ab_steps,
+                         args.ab_every)  # fmt: skip
+                try:
+                    res = run_once(model, "hvtrace", 0, ab_args, work, ab_every=args.ab_every)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    failed.append(f"{model}/in-run A/B: {exc}".splitlines()[0])
+                    continue
+                try:
+                    abs_.append(ab_summary(res, args.ab_every, args.warmup))
+                except RuntimeError as exc:
+                    failed.append(f"{model}/in-run A/B: {exc}")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -454,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("run files kept in %s", work)
     summary = summarize(runs, args)
     print_tables(summary, args)
+    print_ab(abs_)
     for f in failed:
         print(f"FAILED (left out): {f}")
     if args.json:
@@ -461,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {k: v for k, v in vars(args).items() if k not in ("json", "workdir", "keep")},
             "models": {m: MODELS[m] for m in models},
             "summary": summary,
+            "in_run_ab": abs_,
             "goals": {
                 m: [{"goal": t, "met": ok, "note": why} for t, ok, why in goals(m, per)]
                 for m, per in summary.items()

@@ -49,6 +49,7 @@ class RankFile:
     truncated: bool = False  # the stream ended inside a batch (crash, or damage)
     dropped: int = 0  # spans the recorder dropped because the writer fell behind
     last_step: int = -1  # the rank's step counter at its last flush
+    writer_cpu_s: float = 0.0  # CPU time hvtrace's writer spent on this file (as last reported)
     clock: list[ClockEstimate] = field(default_factory=list)  # the estimates used to align
     #: Barrier-round estimates as recorded (kept as a check when ``same_clock`` made them moot).
     clock_measured: list[ClockEstimate] = field(default_factory=list)
@@ -254,6 +255,7 @@ def _apply_status(rf: RankFile, meta: Any) -> None:
         rf.dropped = max(rf.dropped, int(st.get("dropped", 0)))
         rf.last_step = max(rf.last_step, int(st.get("last_step", -1)))
         rf.complete = rf.complete or bool(st.get("final"))
+        rf.writer_cpu_s = max(rf.writer_cpu_s, float(st.get("writer_cpu_s", 0.0)))
         rf.clock.extend(ClockEstimate.from_dict(c) for c in st.get("clock", []))
     except (ValueError, TypeError, KeyError, AttributeError):
         pass  # a damaged status does not make the spans unusable

@@ -89,6 +89,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-finish", action="store_true", help="skip hvtrace.finish()")
     p.add_argument(
+        "--ab-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="benchmark: switch recording off and on every N steps (same step on every rank), "
+        "so that one run times traced and untraced steps side by side; --step-times tells which",
+    )
+    p.add_argument(
         "--torch-profiler",
         default=None,
         metavar="DIR",
@@ -96,6 +104,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "trace per rank to DIR/rank{RANK}.json (for comparisons: combine with --no-trace)",
     )
     return p.parse_args(argv)
+
+
+def _toggle_recording(tracer: Any) -> None:
+    """Benchmark only: switch a healthy tracer's recording off, or back on (between steps)."""
+    rec = tracer.rec
+    if rec.writer is None:  # failed or closed: stays off
+        return
+    rec.enabled = not rec.enabled
+    if rec.enabled:
+        tracer.step_start = tracer.now()
 
 
 def _profiler(out_dir: str | None) -> Any:
@@ -146,12 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     w_true = torch.randn(256, 10, generator=torch.Generator().manual_seed(args.seed))
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []
+    traced: list[bool] = []
+    tracer = getattr(opt, "_hvtrace", None)
     profiler_active = False
     with _profiler(args.torch_profiler) as prof:
         # Checked inside the loop's context: True only when torch's profiler is really recording.
         profiler_active = bool(torch.autograd._profiler_enabled())
         cpu0 = time.process_time()
-        for _ in range(args.steps):
+        for i in range(args.steps):
+            on = tracer is not None and tracer.rec.enabled
             t0 = time.perf_counter()
             opt.zero_grad()
             for _ in range(args.bpps):
@@ -173,8 +194,13 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.slow_ms / 1e3)
             hvtrace.scalar("loss", float(loss.detach()))
             step_times.append(time.perf_counter() - t0)
+            traced.append(on)
+            if args.ab_every and tracer is not None and (i + 1) % args.ab_every == 0:
+                _toggle_recording(tracer)
         t_loop_end = time.perf_counter()
         loop_cpu_s = time.process_time() - cpu0
+    writer = tracer.rec.writer if tracer is not None else None
+    writer_cpu_s = writer.cpu_s if writer is not None else None
     profiler_trace = None
     if prof is not None:
         Path(args.torch_profiler).mkdir(parents=True, exist_ok=True)
@@ -186,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_times:
         out = Path(args.step_times.replace("{rank}", str(rank)))
         out.parent.mkdir(parents=True, exist_ok=True)
-        record: dict[str, Any] = {"rank": rank, "step_s": step_times}
+        record: dict[str, Any] = {"rank": rank, "step_s": step_times, "traced": traced}
         # Extra fields for benchmarks: the process's CPU time over the loop (all threads), the
         # time from the loop's end to the trace being on disk (profiler stop + export,
         # hvtrace.finish), and whether torch's profiler was recording.
         record["loop_cpu_s"] = loop_cpu_s
+        record["writer_cpu_s"] = writer_cpu_s  # hvtrace's writer thread, over the loop
         record["finish_s"] = finish_s
         record["profiler_active"] = profiler_active
         if profiler_trace is not None:

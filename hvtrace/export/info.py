@@ -30,6 +30,16 @@ def format_info(run: Run) -> str:
         f"timing: {h0.get('timing')} on {h0.get('device')}; torch {h0.get('torch_version')}, "
         f"horovod {h0.get('horovod_version')}"
     )
+    cpu = [
+        1e3 * run.files[r].writer_cpu_s / n
+        for r in run.ranks
+        if run.files[r].writer_cpu_s and (n := int(steps.get(r, 0)))
+    ]
+    if cpu:
+        lines.append(
+            f"hvtrace's writer thread: {sorted(cpu)[len(cpu) // 2]:.3f} ms CPU per step "
+            f"(median over ranks; max {max(cpu):.3f})"
+        )
     lines.append(run.clock_summary())
     for p in run.problems:
         lines.append(f"warning: {p}")

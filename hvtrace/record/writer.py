@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -31,10 +32,21 @@ _KIND_DICT = pa.array(KINDS, pa.string())
 _DTYPE_DICT = pa.array(DTYPES, pa.string())
 
 
-def write_options() -> pa.ipc.IpcWriteOptions:
-    """Return the IPC options of trace files: zstd (or lz4) buffers, delta name dictionaries."""
-    codec = next((c for c in ("zstd", "lz4") if pa.Codec.is_available(c)), None)
-    return pa.ipc.IpcWriteOptions(compression=codec, emit_dictionary_deltas=True)
+def write_options(codecs: tuple[str, ...] = ("zstd", "lz4")) -> pa.ipc.IpcWriteOptions:
+    """Return the IPC options of trace files: compressed buffers, delta name dictionaries.
+
+    The first available of ``codecs`` compresses each buffer. While recording, the writer uses lz4
+    (half the CPU of zstd on a flush of a few dozen spans); compaction at close rewrites the file
+    with zstd (smaller). ``use_threads=False``: a flush compresses a few kB, which Arrow's CPU
+    thread pool (one thread per core, in every rank) would only make costlier on a node whose
+    cores train.
+    """
+    codec = next((c for c in codecs if pa.Codec.is_available(c)), None)
+    return pa.ipc.IpcWriteOptions(compression=codec, emit_dictionary_deltas=True, use_threads=False)
+
+
+#: Codecs tried, in order, for the batches flushed while recording.
+LIVE_CODECS = ("lz4", "zstd")
 
 
 class BatchEncoder:
@@ -84,7 +96,7 @@ class TraceFile:
         self.path = Path(path)
         self._sink: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
         schema = FILE_SCHEMA.with_metadata({HEADER_KEY: json.dumps(header).encode()})
-        self._writer = pa.ipc.new_stream(self._sink, schema, options=write_options())
+        self._writer = pa.ipc.new_stream(self._sink, schema, options=write_options(LIVE_CODECS))
         self._encoder = BatchEncoder()
         # Arrow writes the schema (our header) only with the first batch: write an empty one now,
         # so that a rank that dies before its first flush still leaves a readable file.
@@ -141,6 +153,8 @@ def compact(path: str | os.PathLike, rows_per_batch: int = COMPACT_ROWS) -> int:
                     merged["clock"].extend(st.get("clock", []))
                     merged["last_step"] = max(merged["last_step"], int(st.get("last_step", 0)))
                     merged["final"] = bool(st.get("final", False))
+                    cpu = float(st.get("writer_cpu_s", 0.0))
+                    merged["writer_cpu_s"] = max(merged.get("writer_cpu_s", 0.0), cpu)
                     if batch.num_rows:
                         group.append(batch)
                         rows += batch.num_rows
@@ -198,6 +212,8 @@ class BackgroundWriter:
         self._lock = threading.RLock()  # re-entrant: close() may run in a signal handler
         self._closed = False
         self.spans_written = 0
+        #: CPU time (s) this writer has spent flushing, in whichever thread flushed: its own cost.
+        self.cpu_s = 0.0
         #: Rewrite the file in large batches once it is closed cleanly (see :func:`compact`).
         self.compact_on_close = True
         self.file: TraceFile | None = TraceFile(path, header)
@@ -213,10 +229,12 @@ class BackgroundWriter:
         with self._lock:
             if self.file is None:
                 return
+            t0 = time.thread_time()
             try:
                 self._flush_locked(final)
             except Exception as exc:  # noqa: BLE001 - never let the writer take training down
                 self._fail(exc)
+            self.cpu_s += time.thread_time() - t0
 
     def _flush_locked(self, final: bool) -> None:
         buf = self._buffer
@@ -247,6 +265,7 @@ class BackgroundWriter:
             return
         status.pop("changed", None)
         status["spans"] = self.spans_written + len(ready)
+        status["writer_cpu_s"] = round(self.cpu_s, 6)
         self.file.append(ready, status)
         self.spans_written += len(ready)
 
