@@ -291,8 +291,9 @@ def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[s
     blocks = np.arange(len(t)) // every
     pairs = []
     for b in range(int(blocks.max()) + 1):
-        a, c = (blocks == b) & keep, (blocks == b + 1) & keep
-        if a.any() and c.any() and not on[a].any() and on[c].all():
+        a, c = blocks == b, blocks == b + 1
+        whole = a.sum() == c.sum() == every and keep[a].all()  # no warm-up step, no short block
+        if whole and not on[a].any() and on[c].all():
             pairs.append((t[a], t[c]))
     if len(pairs) < 2:
         raise RuntimeError(f"in-run A/B: only {len(pairs)} block pair(s); run more steps")

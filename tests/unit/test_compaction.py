@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from helpers import make_header
 
 from hvtrace.clock import ClockEstimate
@@ -52,6 +53,33 @@ def test_closed_file_is_compacted_with_everything_kept(tmp_path: Path) -> None:
     assert [c.to_dict() for c in after.clock] == [c.to_dict() for c in before.clock]
     assert after.header == before.header
     assert not list(tmp_path.glob("*.compact"))
+    # the writer's own CPU time is reported, grows with the flushes, and survives compaction
+    assert 0 < before.writer_cpu_s <= after.writer_cpu_s < 10
+
+
+#: Magic numbers that open each compressed buffer's frame in an Arrow IPC body.
+LZ4_FRAME_MAGIC = bytes.fromhex("04224d18")
+ZSTD_FRAME_MAGIC = bytes.fromhex("28b52ffd")
+
+
+def _codecs(data: bytes) -> set[str]:
+    found = {"LZ4_FRAME": data.count(LZ4_FRAME_MAGIC), "ZSTD": data.count(ZSTD_FRAME_MAGIC)}
+    return {k for k, n in found.items() if n >= 5}
+
+
+def test_live_batches_use_lz4_and_the_compacted_file_zstd(tmp_path: Path) -> None:
+    import pyarrow.ipc as ipc
+
+    if not (pa.Codec.is_available("lz4") and pa.Codec.is_available("zstd")):
+        pytest.skip("this pyarrow lacks lz4 or zstd")
+    rec = _record(tmp_path, 2000)
+    rec.flush()
+    live = rec.path.read_bytes()
+    rec.close()
+    done = rec.path.read_bytes()
+    # the IPC message metadata names the codec of each compressed batch (CompressionType enum)
+    assert _codecs(live) == {"LZ4_FRAME"} and _codecs(done) == {"ZSTD"}
+    assert ipc.open_stream(done).read_all().num_rows == 2000
 
 
 def test_compaction_respects_the_batch_size(tmp_path: Path) -> None:
