@@ -51,6 +51,13 @@ K_ALLREDUCE = KIND_CODE["allreduce"]
 K_WAIT = KIND_CODE["wait"]
 K_UPDATE = KIND_CODE["update"]
 K_USER = KIND_CODE["user"]
+_NAN = float("nan")
+_SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
+
+#: While gradients are being enqueued, in-flight allreduces are polled for completion at most this
+#: often (host timer): a completion is seen within about this long of happening, or at
+#: ``synchronize``, and a model with hundreds of small tensors does not poll once per tensor.
+POLL_MIN_INTERVAL_NS = 200_000
 
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
 CLOCK_RESYNC_FIRST = 1000
@@ -222,6 +229,7 @@ class Tracer:
         params = [p for g in dist.param_groups for p in g["params"] if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
         self.timer = make_timer(device)
+        self.is_cuda = bool(self.timer.is_cuda)
         self.dev_flags = self.timer.flags
         self.now = self.timer.now
         self.rec = Recorder(
@@ -246,6 +254,7 @@ class Tracer:
         self.sync_exit: Any = None
         self.pending: list[_Pending] = []
         self.poll_idx = 0
+        self.last_poll_ns = 0
         self.by_handle: dict[Any, _Pending] = {}
         self._meta: dict[tuple, tuple[list, list, list]] = {}  # (params, dtype) -> tensor metadata
         self._install(dist, model)
@@ -404,7 +413,7 @@ class Tracer:
         polled = type(handle) is int  # sparse allreduces return a callable instead
         sent = self._handle_map.get(handle) if polled else None
         sent = sent[0] if sent is not None else None  # the (compressed) tensor(s) Horovod reduces
-        first = sent[0] if isinstance(sent, list | tuple) else sent
+        first = sent[0] if isinstance(sent, _SEQ) else sent
         key = (params, first.dtype if first is not None else None)
         meta = self._meta.get(key)
         if meta is None:
@@ -416,7 +425,8 @@ class Tracer:
         if not self.in_sync:
             self.rec.between_steps = False
             self.last_grad = t
-            if not self.timer.is_cuda:
+            if not self.is_cuda and t - self.last_poll_ns >= POLL_MIN_INTERVAL_NS:
+                self.last_poll_ns = t
                 self._poll_done()
 
     def _tensor_meta(self, params: tuple, sent: Any) -> tuple[list, list, list]:
@@ -425,7 +435,7 @@ class Tracer:
         if sent is None:
             tensors = [p.grad for p in params]
         else:
-            tensors = list(sent) if isinstance(sent, list | tuple) else [sent]
+            tensors = list(sent) if isinstance(sent, _SEQ) else [sent]
         nbytes = [int(x.numel() * x.element_size()) if x is not None else 0 for x in tensors]
         dtypes = [DTYPE_CODE[dtype_name(x.dtype)] if x is not None else 0 for x in tensors]
         return [names.get(p, "?") for p in params], nbytes, dtypes
@@ -477,8 +487,8 @@ class Tracer:
             return self._orig_sync()
         try:
             t0 = monotonic_ns()
-            self._close_compute(self.now() if self.timer.is_cuda else t0)
-            if not self.timer.is_cuda:
+            self._close_compute(self.now() if self.is_cuda else t0)
+            if not self.is_cuda:
                 self._poll_done()
             self.in_sync = True
         except Exception as exc:  # noqa: BLE001
@@ -491,13 +501,22 @@ class Tracer:
         try:
             t1 = monotonic_ns()
             rec.add(K_WAIT, "synchronize", t0, t1)
-            end_tok = self.now() if self.timer.is_cuda else t1
+            end_tok = self.now() if self.is_cuda else t1
             self.sync_exit = end_tok
             flags = self.dev_flags | FLAG_END_UPPER_BOUND
-            for e in self.pending:
-                end = e.end if e.end is not None else end_tok
-                for name, nb, dt in zip(e.names, e.nbytes, e.dtypes):
-                    rec.add(K_ALLREDUCE, name, e.start, end, nb, dt, flags=flags, step=e.step)
+            n = sum(len(e.names) for e in self.pending)
+            if len(rec._buf) + n <= rec._cap:  # room for all: append the rows directly
+                append, micro, nan = rec._buf.append, rec.micro, _NAN
+                for e in self.pending:
+                    end = e.end if e.end is not None else end_tok
+                    start, step = e.start, e.step
+                    for name, nb, dt in zip(e.names, e.nbytes, e.dtypes):
+                        append((step, micro, K_ALLREDUCE, name, start, end, nb, dt, nan, flags))
+            else:  # the writer is behind: add() counts what it drops
+                for e in self.pending:
+                    end = e.end if e.end is not None else end_tok
+                    for name, nb, dt in zip(e.names, e.nbytes, e.dtypes):
+                        rec.add(K_ALLREDUCE, name, e.start, end, nb, dt, flags=flags, step=e.step)
             self.pending = []
             self.by_handle.clear()
             self.poll_idx = 0
@@ -592,7 +611,7 @@ def _first_grad_tensor(output: Any) -> Any:
         return output if output.requires_grad else None
     if isinstance(output, dict):
         output = list(output.values())
-    if isinstance(output, list | tuple):
+    if isinstance(output, _SEQ):
         for o in output:
             t = _first_grad_tensor(o)
             if t is not None:
