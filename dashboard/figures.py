@@ -93,10 +93,6 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
     return fig
 
 
-def _fmt_ms(ns: np.ndarray) -> np.ndarray:
-    return np.char.mod("%.3f", np.asarray(ns, dtype=np.float64) / 1e6)
-
-
 def _fmt_bytes(b: float) -> str:
     for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if b >= div:
@@ -112,6 +108,18 @@ def rank_labels(ranks: Sequence[int], hosts: dict[int, str] | None = None) -> li
 
 
 # -- heat map -----------------------------------------------------------------------------------
+
+
+def _bin_width(n: int, max_bins: int) -> int:
+    """Return how many consecutive steps go into one bin so that ``n`` fit in ``max_bins``."""
+    return int(np.ceil(n / max_bins))
+
+
+def _bins(a: np.ndarray, width: int, fill: float) -> np.ndarray:
+    """Return ``a`` with its last axis padded with ``fill`` and cut into bins of ``width``."""
+    nb = -(-a.shape[-1] // width)
+    pad = [(0, 0)] * (a.ndim - 1) + [(0, nb * width - a.shape[-1])]
+    return np.pad(a, pad, constant_values=fill).reshape(*a.shape[:-1], nb, width)
 
 
 def heatmap_figure(
@@ -139,11 +147,9 @@ def heatmap_figure(
     z = values.to_numpy(dtype=np.float64)
     ncol = z.shape[1]
     if ncol > max_cols:
-        width = int(np.ceil(ncol / max_cols))
-        nb = int(np.ceil(ncol / width))
-        pad = nb * width - ncol
-        zp = np.pad(z, ((0, 0), (0, pad)), constant_values=np.nan).reshape(len(ranks), nb, width)
-        sp = np.pad(steps, (0, pad), constant_values=-1).reshape(nb, width)
+        width = _bin_width(ncol, max_cols)
+        zp = _bins(z, width, np.nan)
+        sp = _bins(steps, width, -1)
         with np.errstate(all="ignore"):
             zbin = np.nanmean(zp, axis=2)
         filled = np.where(np.isnan(zp), -np.inf, zp)
@@ -467,10 +473,9 @@ def ratio_over_steps_figure(
     ys = {c: df[c].to_numpy(dtype=np.float64) for c in columns}
     where = "step %{x}"
     if len(x) > max_points:
-        width = int(np.ceil(len(x) / max_points))
-        bins = np.arange(len(x)) // width
+        width = _bin_width(len(x), max_points)
         with np.errstate(all="ignore"):
-            ys = {c: pd.Series(y).groupby(bins).mean().to_numpy() for c, y in ys.items()}
+            ys = {c: np.nanmean(_bins(y, width, np.nan), axis=-1) for c, y in ys.items()}
         x = x[::width]
         title += f" (mean of {width} steps per point)"
         where = f"{width} steps from step %{{x}}"

@@ -51,7 +51,6 @@ K_ALLREDUCE = KIND_CODE["allreduce"]
 K_WAIT = KIND_CODE["wait"]
 K_UPDATE = KIND_CODE["update"]
 K_USER = KIND_CODE["user"]
-_NAN = float("nan")
 _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
 
 #: While gradients are being enqueued, in-flight allreduces are polled for completion at most this
@@ -504,19 +503,11 @@ class Tracer:
             end_tok = self.now() if self.is_cuda else t1
             self.sync_exit = end_tok
             flags = self.dev_flags | FLAG_END_UPPER_BOUND
-            n = sum(len(e.names) for e in self.pending)
-            if len(rec._buf) + n <= rec._cap:  # room for all: append the rows directly
-                append, micro, nan = rec._buf.append, rec.micro, _NAN
-                for e in self.pending:
-                    end = e.end if e.end is not None else end_tok
-                    start, step = e.start, e.step
-                    for name, nb, dt in zip(e.names, e.nbytes, e.dtypes):
-                        append((step, micro, K_ALLREDUCE, name, start, end, nb, dt, nan, flags))
-            else:  # the writer is behind: add() counts what it drops
-                for e in self.pending:
-                    end = e.end if e.end is not None else end_tok
-                    for name, nb, dt in zip(e.names, e.nbytes, e.dtypes):
-                        rec.add(K_ALLREDUCE, name, e.start, end, nb, dt, flags=flags, step=e.step)
+            groups = [
+                (e.step, e.start, end_tok if e.end is None else e.end, e.names, e.nbytes, e.dtypes)
+                for e in self.pending
+            ]
+            rec.add_groups(K_ALLREDUCE, groups, flags)
             self.pending = []
             self.by_handle.clear()
             self.poll_idx = 0

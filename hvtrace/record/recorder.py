@@ -122,6 +122,27 @@ class Recorder:
             )
         )
 
+    def add_groups(self, kind: int, groups: list[tuple], flags: int = 0) -> None:
+        """Append spans of one kind given by groups that share step and start/end tokens.
+
+        Each group is ``(step, start, end, names, nbytes, dtypes)``: one span per name, with its
+        bytes and dtype (the tensors of one, possibly grouped, allreduce). One call per step
+        instead of one :meth:`add` per span; what does not fit in the buffer is dropped and
+        counted, as with :meth:`add`.
+        """
+        buf = self._buf
+        room = self._cap - len(buf)
+        micro = self.micro
+        append = buf.append
+        for step, start, end, names, nbytes, dtypes in groups:
+            n = len(names)
+            if room < n:
+                self.dropped += n - max(room, 0)
+                n = max(room, 0)
+            room -= n
+            for i in range(n):
+                append((step, micro, kind, names[i], start, end, nbytes[i], dtypes[i], _NAN, flags))
+
     # -- state shared with the writer ----------------------------------------------------------
     def add_clock(self, estimate: ClockEstimate) -> None:
         """Queue a clock-offset estimate for the next batch's status."""

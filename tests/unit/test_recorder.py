@@ -128,6 +128,28 @@ def test_full_buffer_drops_and_counts(tmp_path: Path, recorders) -> None:
     assert any("dropped 15 spans" in p for p in run.problems), run.problems
 
 
+def test_add_groups_keeps_what_fits_and_counts_the_rest(tmp_path: Path, recorders) -> None:
+    rec = recorders(tmp_path, buffer_spans=10, flush_interval_s=NEVER)
+    rec.add(KIND_CODE["user"], "first", 0, 1)
+    ar = KIND_CODE["allreduce"]
+    six = (3, 10, 20, [f"t{i}" for i in range(6)], [4 * i for i in range(6)], [1] * 6)
+    rec.add_groups(ar, [six], 2)
+    assert rec.dropped == 0
+    two = (4, 30, 40, ["u0", "u1"], [0, 1], [1, 1])
+    three = (4, 50, 60, ["w0", "w1", "w2"], [2, 3, 4], [1, 1, 1])
+    rec.add_groups(ar, [two, three], 2)
+    assert rec.dropped == 2  # 3 of the 5 fit: both of the first group, one of the second
+    rec.add_groups(ar, [(5, 0, 1, ["v"], [0], [1])])
+    assert rec.dropped == 3
+    rec.close()
+    rows = _rows(read_rank_file(rec.path))
+    assert [r["name"] for r in rows] == ["first"] + [f"t{i}" for i in range(6)] + ["u0", "u1", "w0"]
+    t2 = rows[3]
+    assert (t2["step"], t2["kind"], t2["start_ns"], t2["end_ns"], t2["bytes"], t2["flags"]) == (
+        3, "allreduce", 10, 20, 8, 2
+    )  # fmt: skip
+
+
 def test_buffer_frees_up_after_a_flush(tmp_path: Path, recorders) -> None:
     rec = recorders(tmp_path, buffer_spans=4, flush_interval_s=NEVER)
     for i in range(6):
