@@ -1,25 +1,31 @@
-"""`hvtrace analyze` on a large run: 64 ranks x 1,500 steps x ~104 spans (about 10 million spans).
+"""`hvtrace analyze` on a run of any size: the DuckDB engine beside the whole-frame path.
 
-The run is synthetic but written by hvtrace's own writer (``TraceFile``, via
-``bench/dashboard_bench.py``'s ``write_run``: consistent clocks, allreduces that complete when the
-last rank arrives, one slowed rank). Then, in a fresh child process each:
+The run is synthetic but written by hvtrace's own writer and closed as a clean close would
+(``bench/synth_run.py``: Parquet files, consistent clocks, allreduces that complete when the last
+rank arrives, one slowed rank). Then, each in a fresh child process, side by side in one
+invocation:
 
-- the whole command ``hvtrace analyze RUN --json report.json`` (load, analysis, report, JSON):
-  wall time and peak resident memory (goal: <= 20 s and <= 3 GB on this 2-core machine);
-- the stages one by one (load_run, analyze, report, Parquet tables, Chrome timeline export), with
-  spans per second for each;
-- side by side: reading the same kind of spans as a Chrome JSON trace with ``json.loads`` (how trace
-  analyzers commonly load), measured on a 1,000,000-span slice (a 10M-span JSON file would be
-  about 1.6 GB), as spans per second.
+- ``engine``: the whole command ``hvtrace analyze RUN --json report.json`` (open, per-rank pass
+  on DuckDB, cross-rank pass, report, JSON);
+- ``engine --steps``: the same with a ``--steps`` window of ``--window`` (100) steps;
+- ``whole frame``: the path that loads every span into one pandas DataFrame first
+  (``load_run`` + ``analyze_spans`` + report + JSON), while it exists (``--no-frame`` skips it:
+  at 200 M spans it would need about 40 GB).
 
-    python bench/analyze_bench.py                      # about 3-5 minutes, most of it writing
+For each: wall time, peak resident memory of the child, spans per second, and the straggler it
+named with its phase (the slowed rank must be named). Goals (``--goal-s``, ``--goal-mb``) are
+printed next to the figures.
+
+    python bench/analyze_bench.py --ranks 128 --steps 1500 --tensors 96        # 20 M spans
+    python bench/analyze_bench.py --ranks 512 --steps 4000 --tensors 96 --no-frame \\
+        --goal-s 180 --goal-mb 3072                                          # 200 M spans
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,159 +33,140 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dashboard_bench import write_run
+from synth_run import write_synth_run
 
-STAGES = r"""
-import json, resource, sys, time
-from pathlib import Path
-run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-res = {}
+#: Runs ``argv`` in a child and prints its wall time and peak RSS (this wrapper's children only).
+MEASURE = r"""
+import json, resource, subprocess, sys, time
 t = time.perf_counter()
-from hvtrace.load import load_run
-run = load_run(run_dir)
-res["spans"] = len(run.spans)
-res["load_run"] = time.perf_counter() - t
-t = time.perf_counter()
-from hvtrace.analysis import analyze
-a = analyze(run)
-res["analyze"] = time.perf_counter() - t
-t = time.perf_counter()
-from hvtrace.export.report import format_report, write_json, write_tables
-text = format_report(a)
-write_json(a, out / "report.json")
-res["report + JSON"] = time.perf_counter() - t
-t = time.perf_counter()
-write_tables(a, out / "tables", "parquet", run.spans)
-res["Parquet tables"] = time.perf_counter() - t
-res["stragglers"] = a.stragglers["rank"].tolist()
-res["peak_rss_mb_before_chrome"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-t = time.perf_counter()
-from hvtrace.export.chrome import write_chrome_trace
-parts = write_chrome_trace(run, out / "timeline.json.gz", steps_df=a.steps)
-res["Chrome timeline (.json.gz)"] = time.perf_counter() - t
-res["chrome_parts"] = len(parts)
-res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps(res))
-"""
-
-JSON_SLICE = r"""
-import json, sys, time
-from hvtrace.load import load_run
-from hvtrace.export.chrome import write_chrome_trace
-run = load_run(sys.argv[1])
-df = run.spans
-df = df[df["step"] < int(sys.argv[3])]
-path = sys.argv[2]
-write_chrome_trace(df, path, hosts=run.hosts, max_events=50_000_000, max_bytes=1 << 40)
-import os
-size = os.path.getsize(path)
-t = time.perf_counter()
-with open(path, "rb") as f:
-    data = json.loads(f.read())
+p = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 dt = time.perf_counter() - t
-events = sum(1 for e in data["traceEvents"] if e.get("ph") == "X")
-print(json.dumps({"spans": len(df), "x_events": events, "bytes": size, "json_loads_s": dt}))
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps({"rc": p.returncode, "wall_s": dt, "peak_mb": rss, "stderr": p.stderr[-2000:]}))
 """
+
+WHOLE_FRAME = r"""
+import sys
+from hvtrace.analysis import analyze_spans
+from hvtrace.analysis.stragglers import StragglerConfig, clock_uncertainty_ns
+from hvtrace.export.report import format_report, write_json
+from hvtrace.load import load_run
+run = load_run(sys.argv[1])
+h0 = run.files[run.ranks[0]].header
+a = analyze_spans(run.spans, size=run.size, hosts=run.hosts,
+                  clock_uncertainty=clock_uncertainty_ns(run),
+                  config=StragglerConfig.for_timing(h0.get("timing")), run_id=run.run_id)
+format_report(a)
+write_json(a, sys.argv[2])
+"""
+
+
+def measure(argv: list[str]) -> dict:
+    """Run ``argv`` in a fresh child; return rc, wall_s, peak_mb."""
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def named(report_json: Path) -> str:
+    """``rank (phase)`` of each straggler in a JSON report."""
+    try:
+        data = json.loads(report_json.read_text())
+    except (OSError, ValueError):
+        return "?"
+    s = [f"{d['rank']} ({d['phase']})" for d in data.get("stragglers", [])]
+    return ", ".join(s) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--ranks", type=int, default=128)
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--tensors", type=int, default=96)
-    p.add_argument("--dir", default=None, help="keep the run here (default: a temp dir)")
+    p.add_argument("--slow-rank", type=int, default=None, help="default: ranks // 3")
+    p.add_argument("--slow-phase", default="forward")
+    p.add_argument("--window", type=int, default=100, help="steps in the --steps window")
+    p.add_argument("--no-frame", action="store_true", help="skip the whole-frame path")
+    p.add_argument("--dir", default=None, help="write (or reuse) the run here")
+    p.add_argument("--goal-s", type=float, default=10.0)
+    p.add_argument("--goal-mb", type=float, default=1536.0)
+    p.add_argument("--goal-window-s", type=float, default=5.0)
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="hvtrace-analyze-") as tmp:
-        run_dir = Path(args.dir) if args.dir else Path(tmp) / "run"
-        out = Path(tmp) / "out"
-        out.mkdir()
-        t = time.perf_counter()
+    slow = args.ranks // 3 if args.slow_rank is None else args.slow_rank
+    tmp = Path(tempfile.mkdtemp(prefix="hvtrace-analyze-"))
+    try:
+        run_dir = Path(args.dir) if args.dir else tmp / "run"
+        marker = run_dir / ".synth-params.json"
+        params = {k: getattr(args, k) for k in ("ranks", "steps", "tensors", "slow_phase")}
+        params["slow_rank"] = slow
+        if not (marker.exists() and json.loads(marker.read_text()) == params):
+            if run_dir.exists() and args.dir:
+                shutil.rmtree(run_dir)
+            t = time.perf_counter()
+            n = write_synth_run(
+                run_dir, args.ranks, args.steps, args.tensors, slow, slow_phase=args.slow_phase
+            )
+            marker.write_text(json.dumps(params))
+            print(f"wrote {n:,} spans in {time.perf_counter() - t:.1f} s", flush=True)
+        spans = args.ranks * args.steps * (args.tensors + 7)
+        size = sum(f.stat().st_size for f in run_dir.iterdir() if f.suffix == ".parquet")
         print(
-            f"writing {args.ranks} ranks x {args.steps} steps x {args.tensors} tensors ...",
+            f"run: {args.ranks} ranks x {args.steps} steps x {args.tensors} tensors = {spans:,} "
+            f"spans, {size / 1e6:.0f} MB Parquet; slowed: rank {slow} ({args.slow_phase})",
             flush=True,
         )
-        write_run(
-            run_dir,
-            ranks=args.ranks,
-            steps=args.steps,
-            tensors=args.tensors,
-            slow_rank=5,
-            slow_ms=30.0,
-            ranks_per_host=8,
-        )
-        print(f"  written in {time.perf_counter() - t:.0f} s", flush=True)
-        hv = Path(sys.executable).parent / "hvtrace"
-        t = time.perf_counter()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        done = subprocess.run(
-            [str(hv), "analyze", str(run_dir), "--json", str(out / "r.json")],
-            capture_output=True,
-            text=True,
-        )
-        whole_s = time.perf_counter() - t
-        whole_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        if done.returncode != 0:
-            print(done.stderr[-2000:])
-            return 1
-        stages = json.loads(
-            subprocess.run(
-                [sys.executable, "-c", STAGES, str(run_dir), str(out)],
-                capture_output=True,
-                text=True,
-                check=True,
+        hv = [sys.executable, "-m", "hvtrace.cli", "analyze", str(run_dir)]
+        lo = max(1, args.steps // 2)
+        cases = [
+            ("engine", [*hv, "--json", str(tmp / "engine.json")], tmp / "engine.json", spans),
+            (
+                f"engine --steps {lo}:{lo + args.window}",
+                [*hv, "--steps", f"{lo}:{lo + args.window}", "--json", str(tmp / "window.json")],
+                tmp / "window.json",
+                args.ranks * min(args.window, args.steps - lo) * (args.tensors + 7),
+            ),
+        ]
+        if not args.no_frame:
+            frame = [sys.executable, "-c", WHOLE_FRAME, str(run_dir), str(tmp / "frame.json")]
+            cases.append(("whole frame (old)", frame, tmp / "frame.json", spans))
+        rows = []
+        for label, cmd, out, n in cases:
+            print(f"running {label} ...", file=sys.stderr, flush=True)
+            m = measure(cmd)
+            if m["rc"] != 0:
+                print(f"{label}: exit {m['rc']}: {m['stderr']}", file=sys.stderr)
+            rows.append({"case": label, "spans": n, **m, "named": named(out)})
+        print()
+        print(f"{'case':<28} {'wall s':>8} {'peak MB':>8} {'M spans/s':>10}  stragglers named")
+        print(f"{'-' * 28} {'-' * 8} {'-' * 8} {'-' * 10}  {'-' * 24}")
+        for r in rows:
+            rate = r["spans"] / r["wall_s"] / 1e6 if r["wall_s"] > 0 else float("nan")
+            print(
+                f"{r['case']:<28} {r['wall_s']:8.2f} {r['peak_mb']:8.0f} {rate:10.2f}  {r['named']}"
             )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        per_step = stages["spans"] / (args.ranks * args.steps)
-        slice_steps = max(1, int(1_000_000 / (args.ranks * per_step)))
-        js = json.loads(
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    JSON_SLICE,
-                    str(run_dir),
-                    str(out / "slice.json"),
-                    str(slice_steps),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.splitlines()[-1]
-        )
-    n = stages["spans"]
-    print(f"\nrun: {args.ranks} ranks x {args.steps} steps, {n:,} spans")
-    print(f"{'stage':<28} {'seconds':>8} {'spans/s':>12}")
-    for k in (
-        "load_run",
-        "analyze",
-        "report + JSON",
-        "Parquet tables",
-        "Chrome timeline (.json.gz)",
-    ):
-        print(f"{k:<28} {stages[k]:>8.2f} {n / stages[k]:>12,.0f}")
-    print(
-        f"{'json.loads of Chrome JSON':<28} {js['json_loads_s']:>8.2f} "
-        f"{js['spans'] / js['json_loads_s']:>12,.0f}   (on {js['spans']:,} spans, "
-        f"{js['bytes'] / js['spans']:.0f} B/span)"
-    )
-    print(
-        f"\nwhole `hvtrace analyze RUN --json`: {whole_s:.1f} s, peak RSS "
-        f"{max(whole_rss, before) / 1024 / 1024:.2f} GB  (goal: <= 20 s and <= 3 GB) -> "
-        f"{'met' if whole_s <= 20 and whole_rss / 1024 / 1024 <= 3 else 'NOT met'}"
-    )
-    print(
-        f"stages process peak RSS: {stages['peak_rss_mb_before_chrome'] / 1024:.2f} GB before "
-        f"the Chrome export, {stages['peak_rss_mb'] / 1024:.2f} GB after it "
-        f"({stages['chrome_parts']} part files)"
-    )
-    print(f"stragglers named: {stages['stragglers']} (rank 5 was slowed)")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"stages": stages, "json_slice": js, "whole_s": whole_s}, indent=2)
-        )
+        eng, win = rows[0], rows[1]
+        want = f"{slow} ({args.slow_phase})"
+
+        def goal(text: str, ok: bool) -> None:
+            print(f"  goal: {text:<52} {'ok' if ok else 'MISSED'}")
+
+        print()
+        goal(f"engine <= {args.goal_s:g} s", eng["wall_s"] <= args.goal_s)
+        goal(f"engine peak <= {args.goal_mb:g} MB", eng["peak_mb"] <= args.goal_mb)
+        goal(f"--steps window <= {args.goal_window_s:g} s", win["wall_s"] <= args.goal_window_s)
+        goal(f"slowed rank named with its phase: {want}", eng["named"] == want)
+        if len(rows) > 2:
+            fr = rows[2]
+            print(
+                f"  engine vs whole frame: {fr['wall_s'] / eng['wall_s']:.1f}x faster, "
+                f"{fr['peak_mb'] / eng['peak_mb']:.1f}x less memory"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps({"params": params, "rows": rows}, indent=1))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

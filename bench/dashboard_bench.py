@@ -304,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.mkdtemp(prefix="hvtrace-dash-bench-")
         run_dir = Path(tmp)
     try:
-        if not any(run_dir.glob("*.arrows")):
+        from hvtrace.schema import TRACE_SUFFIXES
+
+        if not any(p.suffix in TRACE_SUFFIXES for p in run_dir.glob("rank*")):
             t = time.perf_counter()
             write_run(run_dir, args.ranks, args.steps, args.tensors, slow_rank=args.ranks // 3)
             _t("write synthetic run", t, results)

@@ -9,8 +9,10 @@ timestamps drawn with jitter. It then measures, side by side in one process:
 
 * bytes per span on disk, written through hvtrace's own ``Recorder`` + ``BackgroundWriter`` (the
   real writer path; flushes happen at the real flush interval on the *simulated* clock, so batches
-  hold exactly the spans a real run would put in one batch), through ``TraceFile`` directly with
-  the same batches, and through ``TraceFile`` with large batches (what the format costs at best);
+  hold exactly the spans a real run would put in one batch; the file measured is the Parquet file
+  the writer compacts the closed stream into), through ``TraceFile`` directly with the same
+  batches (the live ``.arrows`` stream a crashed rank leaves), and through ``TraceFile`` with large
+  batches;
 * read speed of ``hvtrace.load.load_run`` on one core, best of ``--read-repeats``;
 * the same spans as a Chrome JSON trace (``json.dump`` / ``json.loads``), bytes per span and
   spans per second, so the ratio to hvtrace is visible;
@@ -51,12 +53,13 @@ from hvtrace.record.recorder import Recorder
 from hvtrace.record.writer import TraceFile
 from hvtrace.schema import (
     DTYPE_CODE,
-    FILE_SUFFIX,
     FLAG_END_UPPER_BOUND,
     FORMAT_NAME,
     FORMAT_VERSION,
     KIND_CODE,
     KINDS,
+    PARQUET_SUFFIX,
+    TRACE_SUFFIXES,
 )
 
 log = logging.getLogger("format_bench")
@@ -271,14 +274,20 @@ def write_with_recorder(cfg: Config, n: int, out_dir: Path, flush_s: float) -> d
     flush_ns += time.thread_time_ns() - t0
     if recmod.active_recorder() is rec:
         recmod._set_active(None)
-    size = rec.path.stat().st_size
+    # a cleanly closed file is compacted into Parquet beside the stream (which is removed)
+    compacted = rec.path.with_suffix(PARQUET_SUFFIX)
+    path = compacted if compacted.exists() else rec.path
+    if path != compacted:
+        log.warning("[%s] the closed file was not compacted: measuring the stream", cfg.label)
+    size = path.stat().st_size
     return {
         "bytes": size,
         "bytes_per_span": size / n,
+        "format": "parquet" if path == compacted else "arrows",
         "batches": batches + 1,
         "spans_per_batch": n / (batches + 1),
         "writer_us_per_span": flush_ns / 1e3 / n,
-        "path": str(rec.path),
+        "path": str(path),
     }
 
 
@@ -354,12 +363,18 @@ def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
 
 def read_speed(run_dir: Path, n: int, repeats: int) -> dict[str, float]:
     """Spans/s of ``load_run`` (the full loader: validation, clock alignment, DataFrame) and of
-    a bare Arrow IPC read of the same file, both on one core, best of ``repeats``."""
-    files = sorted(run_dir.glob(f"*{FILE_SUFFIX}"))
+    a bare pyarrow read of the same file (Parquet once compacted, else the Arrow IPC stream),
+    both on one core, best of ``repeats``."""
+    import pyarrow.parquet as pq
+
+    files = sorted(p for p in run_dir.iterdir() if p.suffix in TRACE_SUFFIXES)
 
     def arrow_only() -> list[pa.Table]:
         out = []
         for f in files:
+            if f.suffix == PARQUET_SUFFIX:
+                out.append(pq.read_table(f, memory_map=True))
+                continue
             with pa.memory_map(str(f)) as src:
                 out.append(pa.ipc.open_stream(src).read_all())
         return out
@@ -767,7 +782,7 @@ def print_tables(res: dict[str, Any]) -> None:
     headers = [
         "config",
         "spans/batch",
-        "Recorder+Writer",
+        "Recorder+Writer (.parquet)",
         "goal",
         "TraceFile",
         f"TraceFile {BIG_BATCH_SPANS // 1024}k-batches",
@@ -795,7 +810,7 @@ def print_tables(res: dict[str, Any]) -> None:
         "config",
         f"load_run (goal >= {GOAL_READ_SPANS_PER_S / 1e6:g} M/s)",
         "goal",
-        "bare Arrow IPC read",
+        "bare pyarrow read",
         "Chrome json.loads",
         "load_run/json",
     ]

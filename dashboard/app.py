@@ -21,6 +21,8 @@ from hvtrace_dashboard import callbacks, figures
 from hvtrace_dashboard.layout import INDEX_STRING, build_layout
 
 from hvtrace.load import Run, TraceError, load_run
+from hvtrace.schema import TRACE_SUFFIXES
+from hvtrace.selection import StepRange
 
 log = logging.getLogger("hvtrace.dashboard")
 
@@ -82,11 +84,10 @@ class DashboardData:
             highlight_ranks=self.straggler_ranks,
         )
 
-    def window_spans(self, start: int, size: int, ranks: list[int] | None) -> pd.DataFrame:
-        """Return the spans of steps ``start .. start+size-1`` of ``ranks`` (all when None)."""
+    def window_spans(self, steps: StepRange, ranks: list[int] | None) -> pd.DataFrame:
+        """Return the spans of ``steps`` of ``ranks`` (all when None)."""
         s = self.spans
-        step = s["step"].to_numpy()
-        m = (step >= start) & (step < start + size)
+        m = steps.mask(s["step"].to_numpy())
         if ranks:
             m &= s["rank"].isin(ranks).to_numpy()
         return s[m]
@@ -98,13 +99,14 @@ class DashboardData:
         start = max(0, min(int(start), self.last_step))
         size = max(1, int(size))
         shown = sorted(int(r) for r in ranks) if ranks else self.ranks
-        stop = min(start + size - 1, self.last_step)
-        steps = f"step {start}" if stop == start else f"steps {start}–{stop}"
+        stop = min(start + size, self.last_step + 1)
+        window, last = StepRange(start, stop), stop - 1
+        steps = f"step {start}" if last == start else f"steps {start}–{last}"
         title = f"Timeline · {steps} · {len(shown)} of {len(self.ranks)} ranks"
-        if focus is not None and start <= int(focus) <= stop:
+        if focus is not None and window.contains(int(focus)):
             title += f" · step {int(focus)} highlighted"
         return figures.timeline_figure(
-            self.window_spans(start, size, shown),
+            self.window_spans(window, shown),
             ranks=shown,
             t0_ns=self.t0_ns,
             title=title,
@@ -325,7 +327,9 @@ def _serve_partial_plotly(app: Dash) -> bool:
 
 def _has_traces(d: Path) -> bool:
     """True when ``d`` holds non-empty trace files (a sample being written has empty ones)."""
-    return d.is_dir() and any(p.stat().st_size > 0 for p in d.glob("*.arrows"))
+    return d.is_dir() and any(
+        p.suffix in TRACE_SUFFIXES and p.stat().st_size > 0 for p in d.iterdir()
+    )
 
 
 def sample_run_dir() -> Path:

@@ -18,6 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from hvtrace.units import format_bytes
+
 #: Colour of each span kind in the timeline (and its legend order).
 KIND_COLORS: dict[str, str] = {
     "step": "#b0b0b0",
@@ -91,13 +93,6 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
         text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font_size=14
     )
     return fig
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= div:
-            return f"{b / div:.2f} {unit}"
-    return f"{int(b)} B"
 
 
 def rank_labels(ranks: Sequence[int], hosts: dict[int, str] | None = None) -> list[str]:
@@ -255,7 +250,8 @@ def _bar_trace(
 
     One ``<path>`` per kind draws thousands of bars faster than bars, shapes or a WebGL context
     (which costs seconds in a browser without a GPU). Each bar's three points carry its hover:
-    the name in ``text``, and rank, step, duration (ms) and bytes in ``customdata``.
+    the name in ``text`` (for an allreduce: tensor, dtype and size, as :func:`format_bytes`
+    writes it), and rank, step, duration (ms) and bytes in ``customdata``.
     """
     n = len(x0)
     lx = np.empty(4 * n)
@@ -263,7 +259,12 @@ def _bar_trace(
     ly = np.repeat(y, 4)
     ly[3::4] = np.nan
     if kind == "allreduce":
-        label = [f"{nm} · {dt}" if dt else str(nm) for nm, dt in zip(names, dtypes)]
+        sizes, which = np.unique(nbytes, return_inverse=True)  # few sizes: format each once
+        size = np.asarray([format_bytes(b) for b in sizes], dtype=object)[which.reshape(-1)]
+        label = [
+            f"{nm} · {dt} · {sz}" if dt else f"{nm} · {sz}"
+            for nm, dt, sz in zip(names, dtypes, size)
+        ]
     else:
         label = [str(nm) for nm in names]
     text = np.repeat(np.asarray(label, dtype=object), 4)
@@ -271,8 +272,6 @@ def _bar_trace(
     custom = np.repeat(np.column_stack([ranks, steps, dur_ms, nbytes]).astype(np.float32), 4, 0)
     hover = f"<b>{kind}</b> %{{text}}<br>rank %{{customdata[0]}} · step %{{customdata[1]}}"
     hover += "<br>%{customdata[2]:.3f} ms"
-    if kind == "allreduce":
-        hover += "<br>%{customdata[3]:.3s}B"
     return go.Scatter(
         x=lx,
         y=ly,
@@ -522,7 +521,7 @@ def tensor_figure(
         note = f" · {max_tensors} slowest of {len(per_tensor)}"
     names = df[name_col].astype(str).to_numpy()
     sizes = (
-        [_fmt_bytes(float(b)) for b in df[bytes_col]]
+        [format_bytes(b) for b in df[bytes_col]]
         if bytes_col and bytes_col in df
         else [""] * len(df)
     )

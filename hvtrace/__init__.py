@@ -2,13 +2,43 @@
 
 Public API: :func:`DistributedOptimizer`, :class:`span`, :func:`scalar`, :func:`finish`,
 :func:`load_run`, ``__version__``.
+
+``import hvtrace`` loads the recorder only (numpy, pyarrow): ``load_run`` and ``Run`` are imported
+on first use, so a training rank never pays for pandas.
 """
 
-from hvtrace.load import Run, TraceError, load_run
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hvtrace.errors import TraceError
 from hvtrace.record.optimizer import DistributedOptimizer, finish
 from hvtrace.record.recorder import scalar, span
 
+if TYPE_CHECKING:
+    from hvtrace.load import Run, load_run
+
 __version__ = "0.1.0"
+
+#: Names imported on first use: the reader needs pandas, which a training rank never loads.
+_LAZY = {"Run": "hvtrace.load", "load_run": "hvtrace.load"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``load_run`` and ``Run`` (and with them pandas) only when first asked for."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """Return the module's names, the lazy ones included."""
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "DistributedOptimizer",

@@ -1,41 +1,65 @@
 """Find, validate and read a run's rank files into one span table on rank 0's clock.
 
-``load_run(run_dir)`` returns a :class:`Run`: per-rank metadata and one pandas DataFrame of spans
-with a ``rank`` column. Bad input raises :class:`TraceError` with a one-line message naming the
-file and what is wrong; damaged but partly readable files are kept, and what was lost is listed in
-``Run.problems``.
+A rank file is either the live form, an Arrow IPC stream (``.arrows``, also what a crashed rank
+leaves), or the compacted form of a closed file, Parquet (``.parquet``); see ``docs/format.md``.
+This module is the one that reads spans, in either form.
+
+``open_run(run_dir)`` returns a :class:`Run` with per-rank metadata (headers, status, clocks)
+without building the span table; ``load_run(run_dir)`` also reads every span into one pandas
+DataFrame (``Run.spans``, with a ``rank`` column, times on rank 0's clock), which ``open_run``'s
+Run builds on first access. Bad input raises :class:`TraceError` with a one-line message naming
+the file and what is wrong; damaged but partly readable files are kept, and what was lost is
+listed in ``Run.problems``.
+
+Imports neither pandas nor ``pyarrow.parquet`` until they are needed: the recorder's compaction
+reads streams with :class:`StreamScan` from a training rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate, offset_at
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
+    COLUMNS,
     FILE_SCHEMA,
     FILE_SUFFIX,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEADER_KEY,
+    PARQUET_SUFFIX,
     REQUIRED_HEADER_FIELDS,
+    TRACE_SUFFIXES,
 )
+from hvtrace.selection import StepRange, format_ranks
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow.parquet as pq
 
 log = logging.getLogger("hvtrace.load")
 
 
-class TraceError(Exception):
-    """A run or trace file that cannot be used; ``str()`` is a one-line message for the user."""
+from hvtrace.errors import TraceError  # noqa: E402  (re-exported; a rank imports it without pandas)
+
+#: The first bytes of a Parquet file.
+PARQUET_MAGIC = b"PAR1"
+#: A file name that says which rank it holds (only a hint: the header inside is authoritative).
+_NAME_RANK = re.compile(r"^rank(\d+)-")
 
 
 @dataclass
@@ -55,6 +79,18 @@ class RankFile:
     clock_measured: list[ClockEstimate] = field(default_factory=list)
     #: True when this rank ran on rank 0's kernel (same boot id): one clock, offset exactly 0.
     same_clock: bool = False
+    #: ``"arrows"`` (Arrow IPC stream: live, or left by a crash) or ``"parquet"`` (compacted).
+    format: str = "arrows"
+    #: Spans in the file: a Parquet file's row count (from its footer, even when not read), or
+    #: the rows of every complete batch of a stream. 0 given: taken from ``table``.
+    n_spans: int = 0
+    #: True when ``table`` holds the file's spans; False for a Parquet file opened with
+    #: ``read_spans=False`` (``table`` is empty; :meth:`read_table` reads from disk).
+    spans_read: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.n_spans:
+            self.n_spans = self.table.num_rows
 
     @property
     def rank(self) -> int:
@@ -63,20 +99,112 @@ class RankFile:
 
     @property
     def spans(self) -> int:
-        """Number of spans read."""
-        return self.table.num_rows
+        """Number of spans in the file (read or not: see :attr:`n_spans`)."""
+        return self.n_spans
+
+    def row_groups(self, steps: StepRange | tuple[int, int | None] | None = None) -> list[int]:
+        """Return the Parquet row groups whose ``step`` statistics meet ``steps`` (all: None).
+
+        A row group without statistics is always included. An ``.arrows`` file has none: [].
+        """
+        if self.format != "parquet":
+            return []
+        with _open_parquet_file(self.path) as pf:
+            return _row_groups(pf.metadata, StepRange.of(steps))
+
+    def read_table(
+        self,
+        steps: StepRange | tuple[int, int | None] | None = None,
+        columns: Iterable[str] | None = None,
+    ) -> pa.Table:
+        """Return this file's spans (local clock) of ``steps`` with ``columns`` (default: all).
+
+        For a Parquet file whose spans were not read, only the row groups whose ``step``
+        statistics meet ``steps`` are read from disk; otherwise the in-memory table is filtered.
+        Raises :class:`TraceError` when a needed row group cannot be read.
+        """
+        steps = StepRange.of(steps)
+        cols = list(COLUMNS) if columns is None else list(columns)
+        unknown = [c for c in cols if c not in COLUMNS]
+        if unknown:
+            raise ValueError(f"unknown span column(s) {unknown}; columns are {list(COLUMNS)}")
+        if self.format == "parquet" and not self.spans_read:
+            need = cols if steps is None or "step" in cols else [*cols, "step"]
+            with _open_parquet_file(self.path) as pf:
+                groups = _row_groups(pf.metadata, steps)
+                table, err = _read_row_groups(pf, groups, need)
+            if err is not None:
+                raise TraceError(_problem(self.path, err))
+        else:
+            table = self.table
+        if steps is not None:
+            table = table.filter(_step_mask(table.column("step"), steps))
+        return table.select(cols)
 
 
-@dataclass
+def salvage(rf: RankFile) -> str | None:
+    """Read a Parquet rank file's spans row group by row group, keeping what is readable.
+
+    For when a faster reader (the DuckDB engine) failed on the file: the spans go into
+    ``rf.table``. Returns None when every row group was read, else a one-line problem naming the
+    file and the first unreadable row group (``rf`` is then marked truncated: the spans after it
+    are lost, as for a stream cut by a crash).
+    """
+    if rf.format != "parquet":
+        return None
+    with _open_parquet_file(rf.path) as pf:
+        table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
+    rf.table, rf.spans_read = table, True
+    if err is None:
+        return None
+    rf.truncated, rf.n_spans = True, table.num_rows
+    return _problem(rf.path, f"{err}; {table.num_rows} spans kept")
+
+
+def _step_mask(col: Any, steps: StepRange) -> Any:
+    m = pc.greater_equal(col, pa.scalar(steps.first, pa.int32()))
+    if steps.stop is not None:
+        m = pc.and_(m, pc.less(col, pa.scalar(steps.stop, pa.int64())))
+    return m
+
+
 class Run:
-    """A loaded run: ``spans`` (DataFrame, times in ns on rank 0's clock) and per-rank metadata."""
+    """A run: per-rank metadata, and ``spans`` (DataFrame, times in ns on rank 0's clock).
 
-    run_dir: Path
-    run_id: str
-    size: int
-    files: dict[int, RankFile]
-    spans: pd.DataFrame
-    problems: list[str] = field(default_factory=list)
+    ``spans`` is built on first access (then cached) from the files' tables, reading the spans of
+    Parquet files that :func:`open_run` left unread. ``selected_ranks`` is the rank filter the
+    run was opened with (None: every rank); ``missing_ranks`` is relative to it.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        size: int,
+        files: dict[int, RankFile],
+        spans: pd.DataFrame | None = None,
+        problems: list[str] | None = None,
+        selected_ranks: frozenset[int] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_id = run_id
+        self.size = size
+        self.files = files
+        self.problems: list[str] = problems if problems is not None else []
+        self.selected_ranks = selected_ranks
+        if spans is not None:
+            self.__dict__["spans"] = spans
+
+    def __repr__(self) -> str:
+        return (
+            f"Run(run_dir={str(self.run_dir)!r}, run_id={self.run_id!r}, size={self.size}, "
+            f"ranks={format_ranks(self.ranks) or '-'}, problems={len(self.problems)})"
+        )
+
+    @cached_property
+    def spans(self) -> pd.DataFrame:
+        """All ranks' spans, one DataFrame, times on rank 0's clock (built on first access)."""
+        return _span_frame([self.files[r] for r in self.ranks], self.problems)
 
     @property
     def ranks(self) -> list[int]:
@@ -84,9 +212,15 @@ class Run:
         return sorted(self.files)
 
     @property
+    def expected_ranks(self) -> list[int]:
+        """Ranks of ``0..size-1`` that were asked for (all of them without a rank filter)."""
+        sel = self.selected_ranks
+        return [r for r in range(self.size) if sel is None or r in sel]
+
+    @property
     def missing_ranks(self) -> list[int]:
-        """Ranks of ``0..size-1`` with no usable file."""
-        return [r for r in range(self.size) if r not in self.files]
+        """Ranks asked for (of ``0..size-1``) with no usable file."""
+        return [r for r in self.expected_ranks if r not in self.files]
 
     @property
     def complete(self) -> bool:
@@ -138,34 +272,45 @@ def _problem(path: Path, msg: str) -> str:
     return f"{path}: {msg}"
 
 
-def read_header(path: str | os.PathLike) -> dict[str, Any]:
-    """Return the validated header of one trace file; raise :class:`TraceError` if unusable."""
-    path = Path(path)
+def _short(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+
+
+def _stat_size(path: Path) -> int:
     try:
         size = path.stat().st_size
     except OSError as exc:
         raise TraceError(_problem(path, f"cannot read ({exc.strerror})")) from None
     if size == 0:
         raise TraceError(_problem(path, "empty file (the rank wrote nothing)"))
+    return size
+
+
+def _is_parquet(path: Path) -> bool:
+    """True for a ``.parquet`` file, or any file that starts with Parquet's magic bytes."""
+    if path.suffix == PARQUET_SUFFIX:
+        return True
     try:
-        with pa.memory_map(str(path)) as src:
-            schema = pa.ipc.open_stream(src).schema
-    except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as exc:
-        raise TraceError(
-            _problem(path, f"not an hvtrace trace (no readable Arrow stream header: {_short(exc)})")
-        ) from None
-    return _validate_header(path, schema)
+        with open(path, "rb") as f:
+            return f.read(4) == PARQUET_MAGIC
+    except OSError:
+        return False
 
 
-def _short(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+def read_header(path: str | os.PathLike) -> dict[str, Any]:
+    """Return the validated header of one trace file (either form); raise TraceError if unusable."""
+    path = Path(path)
+    _stat_size(path)
+    if _is_parquet(path):
+        with _open_parquet(path) as (_, header, _):
+            return header
+    with StreamScan(path) as scan:
+        return _validate_header(path, scan.schema)
 
 
-def _validate_header(path: Path, schema: pa.Schema) -> dict[str, Any]:
-    meta = schema.metadata or {}
-    raw = meta.get(HEADER_KEY)
+def _parse_header(path: Path, raw: bytes | None, where: str) -> dict[str, Any]:
     if raw is None:
-        raise TraceError(_problem(path, "no hvtrace header in the file's schema metadata"))
+        raise TraceError(_problem(path, f"no hvtrace header in the file's {where}"))
     try:
         header = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -194,29 +339,83 @@ def _validate_header(path: Path, schema: pa.Schema) -> dict[str, Any]:
         raise TraceError(
             _problem(path, f"header rank {header['rank']} is outside size {header['size']}")
         )
+    return header
+
+
+def _validate_header(path: Path, schema: pa.Schema) -> dict[str, Any]:
+    header = _parse_header(path, (schema.metadata or {}).get(HEADER_KEY), "schema metadata")
     if not schema.equals(FILE_SCHEMA, check_metadata=False):
         raise TraceError(_problem(path, "span columns do not match the hvtrace format"))
     return header
 
 
-def read_rank_file(path: str | os.PathLike) -> RankFile:
-    """Read one trace file: header, every complete batch, and the batches' status.
+def _columns_match(schema: pa.Schema) -> bool:
+    """True when ``schema`` has the format's columns (dictionary index widths may differ)."""
+    if schema.names != FILE_SCHEMA.names:
+        return False
+    for got, want in zip(schema.types, FILE_SCHEMA.types, strict=True):
+        if pa.types.is_dictionary(want):
+            if not (pa.types.is_dictionary(got) and got.value_type == want.value_type):
+                return False
+        elif got != want:
+            return False
+    return True
 
-    A stream that ends inside a batch (a crash or a cut) keeps every batch before the cut and is
-    marked ``truncated``. Raises :class:`TraceError` if not even the header is readable.
-    """
-    path = Path(path)
-    header = read_header(path)
-    batches: list[pa.RecordBatch] = []
-    rf = RankFile(path, header, FILE_SCHEMA.empty_table())
-    start = header.get("clock", {}).get("start")
+
+def _start_clock(rf: RankFile) -> None:
+    start = rf.header.get("clock", {}).get("start")
     if isinstance(start, dict):
         try:
             rf.clock.append(ClockEstimate.from_dict(start))
         except (KeyError, ValueError, TypeError):
-            raise TraceError(_problem(path, "header clock estimate is malformed")) from None
-    with pa.memory_map(str(path)) as src:
-        reader = pa.ipc.open_stream(src)
+            raise TraceError(_problem(rf.path, "header clock estimate is malformed")) from None
+
+
+class StreamScan:
+    """The complete record batches of an ``.arrows`` stream, one by one, with their status.
+
+    ``with StreamScan(path) as scan:`` opens the stream (raising :class:`TraceError` when not even
+    its schema is readable) and sets ``scan.schema``; iterating yields ``(batch, status)`` for
+    every complete, valid batch (``status``: the batch's parsed ``hvtrace.status`` dict, or None
+    when absent or malformed). After iteration, ``truncated`` says whether the stream ended inside
+    a batch (a crash or damage) and ``final`` whether a batch said the file was closed cleanly.
+    Memory stays bounded by one batch.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.truncated = False
+        self.final = False
+        try:
+            self._src = pa.memory_map(str(self.path))
+        except OSError as exc:
+            raise TraceError(
+                _problem(self.path, f"cannot read ({exc.strerror or _short(exc)})")
+            ) from None
+        try:
+            self._reader = pa.ipc.open_stream(self._src)
+        except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as exc:
+            self._src.close()
+            raise TraceError(
+                _problem(
+                    self.path,
+                    f"not an hvtrace trace (no readable Arrow stream header: {_short(exc)})",
+                )
+            ) from None
+        self.schema: pa.Schema = self._reader.schema
+
+    def __enter__(self) -> StreamScan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the file."""
+        self._src.close()
+
+    def __iter__(self) -> Iterator[tuple[pa.RecordBatch, dict[str, Any] | None]]:
+        reader = self._reader
         messages = reader.stats.num_messages
         while True:
             try:
@@ -225,33 +424,68 @@ def read_rank_file(path: str | os.PathLike) -> RankFile:
                 # The writer emits a batch's new names as a delta dictionary message just before
                 # the record batch: a stream ending after that message was cut inside a batch.
                 if reader.stats.num_messages > messages:
-                    rf.truncated = True
-                break
+                    self.truncated = True
+                return
             except (pa.ArrowException, OSError, ValueError):
                 # after the final batch only the end-of-stream marker can be cut: nothing lost
-                rf.truncated = not rf.complete
-                break
+                self.truncated = not self.final
+                return
             try:
                 batch.validate(full=True)
             except (pa.ArrowException, ValueError):
-                rf.truncated = True
-                break
-            batches.append(batch)
-            _apply_status(rf, meta)
+                self.truncated = True
+                return
+            status = _parse_status(meta)
+            if status is not None and status.get("final"):
+                self.final = True
             messages = reader.stats.num_messages
-    if batches:
-        rf.table = pa.Table.from_batches(batches, schema=FILE_SCHEMA)
+            yield batch, status
+
+
+def _parse_status(meta: Any) -> dict[str, Any] | None:
+    if meta is None:
+        return None
+    raw = meta.get(BATCH_STATUS_KEY)
+    if raw is None:
+        return None
+    try:
+        st = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return st if isinstance(st, dict) else None
+
+
+def read_rank_file(path: str | os.PathLike, read_spans: bool = True) -> RankFile:
+    """Read one trace file (either form): header, spans, and the status the writer reported.
+
+    A stream that ends inside a batch (a crash or a cut) keeps every batch before the cut and is
+    marked ``truncated``; a stream is always read whole (its status is spread over its batches).
+    A Parquet file's header and status come from its footer; with ``read_spans=False`` its spans
+    are not read (``table`` stays empty, ``n_spans`` is the footer's row count). Raises
+    :class:`TraceError` if not even the header is readable.
+    """
+    path = Path(path)
+    _stat_size(path)
+    if _is_parquet(path):
+        return _read_parquet_rank_file(path, read_spans)
+    with StreamScan(path) as scan:
+        header = _validate_header(path, scan.schema)
+        rf = RankFile(path, header, FILE_SCHEMA.empty_table())
+        _start_clock(rf)
+        batches: list[pa.RecordBatch] = []
+        for batch, status in scan:
+            batches.append(batch)
+            if status is not None:
+                _apply_status(rf, status)
+        rf.truncated = scan.truncated
+        if batches:
+            rf.table = pa.Table.from_batches(batches, schema=FILE_SCHEMA)
+    rf.n_spans = rf.table.num_rows
     return rf
 
 
-def _apply_status(rf: RankFile, meta: Any) -> None:
-    if meta is None:
-        return
-    raw = meta.get(BATCH_STATUS_KEY)
-    if raw is None:
-        return
+def _apply_status(rf: RankFile, st: dict[str, Any]) -> None:
     try:
-        st = json.loads(raw)
         rf.dropped = max(rf.dropped, int(st.get("dropped", 0)))
         rf.last_step = max(rf.last_step, int(st.get("last_step", -1)))
         rf.complete = rf.complete or bool(st.get("final"))
@@ -261,42 +495,180 @@ def _apply_status(rf: RankFile, meta: Any) -> None:
         pass  # a damaged status does not make the spans unusable
 
 
+# -- Parquet ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _open_parquet_file(path: Path) -> Iterator[pq.ParquetFile]:
+    """``with _open_parquet_file(path) as pf``: a ``pyarrow.parquet.ParquetFile``, closed after.
+
+    Raises :class:`TraceError` when the file has no readable Parquet footer.
+    """
+    import pyarrow.parquet as pq  # only when a Parquet file is read
+
+    try:
+        pf = pq.ParquetFile(str(path), memory_map=True)
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        raise TraceError(
+            _problem(path, f"not an hvtrace trace (no readable Parquet footer: {_short(exc)})")
+        ) from None
+    try:
+        yield pf
+    finally:
+        pf.close()
+
+
+@contextlib.contextmanager
+def _open_parquet(
+    path: Path,
+) -> Iterator[tuple[pq.ParquetFile, dict[str, Any], dict[str, Any] | None]]:
+    """``with _open_parquet(path) as (pf, header, status)``: a validated hvtrace Parquet file."""
+    with _open_parquet_file(path) as pf:
+        meta = pf.metadata.metadata or {}
+        header = _parse_header(path, meta.get(HEADER_KEY), "Parquet key-value metadata")
+        try:
+            schema = pf.schema_arrow
+        except (pa.ArrowException, ValueError, TypeError):
+            schema = None
+        if schema is None or not _columns_match(schema):
+            raise TraceError(_problem(path, "span columns do not match the hvtrace format"))
+        yield pf, header, _parse_status(meta)
+
+
+def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
+    with _open_parquet(path) as (pf, header, status):
+        rf = RankFile(
+            path,
+            header,
+            FILE_SCHEMA.empty_table(),
+            format="parquet",
+            n_spans=pf.metadata.num_rows,
+            spans_read=False,
+        )
+        _start_clock(rf)
+        if status is not None:
+            _apply_status(rf, status)
+            rf.truncated = bool(status.get("truncated"))
+        if read_spans:
+            table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
+            rf.table, rf.spans_read = table, True
+            if err is not None:  # keep the row groups before the damage, as for a cut stream
+                log.debug("%s", _problem(path, err))
+                rf.truncated, rf.n_spans = True, table.num_rows
+    return rf
+
+
+def _row_groups(md: pq.FileMetaData, steps: StepRange | None) -> list[int]:
+    """Row groups whose ``step`` min/max meet ``steps`` (those without statistics included)."""
+    n = md.num_row_groups
+    if steps is None or n == 0:
+        return list(range(n))
+    col = COLUMNS.index("step")
+    out = []
+    for g in range(n):
+        st = md.row_group(g).column(col).statistics
+        if st is None or not st.has_min_max or steps.overlaps(int(st.min), int(st.max)):
+            out.append(g)
+    return out
+
+
+def _conform(table: pa.Table, columns: list[str]) -> pa.Table:
+    """Return ``table`` with the format's exact column types (dictionary index widths)."""
+    table = table.replace_schema_metadata(None)
+    target = pa.schema([FILE_SCHEMA.field(c) for c in columns])
+    return table if table.schema.equals(target) else table.cast(target)
+
+
+def _read_row_groups(
+    pf: pq.ParquetFile, groups: Iterable[int], columns: list[str]
+) -> tuple[pa.Table, str | None]:
+    """Read ``groups`` of ``columns``; return (table, None), or what was read before a damaged
+    row group and a message saying what failed."""
+    tables: list[pa.Table] = []
+    err = None
+    for g in groups:
+        try:
+            t = pf.read_row_group(g, columns=columns)
+            t.validate(full=True)
+            tables.append(_conform(t, columns))
+        except (pa.ArrowException, OSError, ValueError, TypeError, IndexError) as exc:
+            err = f"row group {g} is unreadable ({_short(exc)}); later spans lost"
+            break
+    if not tables:
+        return pa.schema([FILE_SCHEMA.field(c) for c in columns]).empty_table(), err
+    return pa.concat_tables(tables).unify_dictionaries(), err
+
+
+# -- a run directory ---------------------------------------------------------------------------
 def find_trace_files(run_dir: str | os.PathLike) -> list[Path]:
-    """Return the ``*.arrows`` files in ``run_dir`` (sorted); raise TraceError if there are none."""
+    """Return the trace files (``*.arrows``, ``*.parquet``) in ``run_dir`` (sorted); raise
+    TraceError if there are none."""
     d = Path(run_dir)
     if not d.exists():
         raise TraceError(f"{d}: no such directory")
     if not d.is_dir():
-        if d.suffix == FILE_SUFFIX:
+        if d.suffix in TRACE_SUFFIXES:
             return [d]
         raise TraceError(f"{d}: not a directory of hvtrace traces")
-    files = sorted(p for p in d.iterdir() if p.suffix == FILE_SUFFIX and p.is_file())
+    files = sorted(
+        p
+        for p in d.iterdir()
+        if p.suffix in TRACE_SUFFIXES and not p.name.startswith(".") and p.is_file()
+    )
     if not files:
-        raise TraceError(f"{d}: no hvtrace trace files (*{FILE_SUFFIX}) in this directory")
+        raise TraceError(
+            f"{d}: no hvtrace trace files (*{FILE_SUFFIX} or *{PARQUET_SUFFIX}) in this directory"
+        )
     return files
 
 
-def load_run(
+def rank_from_name(path: str | os.PathLike) -> int | None:
+    """The rank a file's name claims (``rank{N:05d}-...``), or None. Only a hint: the header
+    inside the file says which rank it holds."""
+    m = _NAME_RANK.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def open_run(
     run_dir: str | os.PathLike,
     run_id: str | None = None,
+    ranks: frozenset[int] | None = None,
     progress: Callable[[Iterable[Path]], Iterable[Path]] | None = None,
+    read_spans: bool = False,
 ) -> Run:
-    """Load a run directory into a :class:`Run` (spans on rank 0's clock, ns).
+    """Open a run directory: every rank's header, status and clock alignment, no span table.
 
-    Several runs in one directory: the newest is loaded (or ``run_id``), and the others' files are
+    Several runs in one directory: the newest is opened (or ``run_id``), and the others' files are
     listed in ``Run.problems``. A rank file that cannot be read at all is reported there and the
-    other ranks are still loaded. Raises :class:`TraceError` when no usable rank file remains.
-    ``progress`` wraps the file iteration (for a progress bar).
+    other ranks are still opened. With ``ranks``, files whose name says another rank are not
+    opened at all, a file whose header says another rank is dropped, and ``Run.missing_ranks`` /
+    ``Run.problems`` say which selected ranks have no file. ``.arrows`` files are read whole;
+    Parquet files' spans only with ``read_spans`` (else when ``Run.spans`` is first used).
+    A rank with both a ``.parquet`` and an ``.arrows`` of the same name (an interrupted
+    compaction) is read from the Parquet file. ``progress`` wraps the file iteration (for a
+    progress bar). Raises :class:`TraceError` when no usable rank file remains.
     """
     paths = find_trace_files(run_dir)
+    selected = None if ranks is None else frozenset(int(r) for r in ranks)
+    if selected is not None:
+        if not selected:
+            raise TraceError(f"{run_dir}: no rank selected")
+        paths = [p for p in paths if (r := rank_from_name(p)) is None or r in selected]
+        if not paths:
+            raise TraceError(f"{run_dir}: no trace file of rank(s) {format_ranks(selected)}")
     problems: list[str] = []
     headers: dict[Path, dict[str, Any]] = {}
     for p in paths:
         try:
-            headers[p] = read_header(p)
+            h = read_header(p)
         except TraceError as exc:
             problems.append(str(exc))
+            continue
+        if selected is not None and h["rank"] not in selected:
+            log.debug("%s holds rank %s, not selected; skipped", p, h["rank"])
+            continue
+        headers[p] = h
     if not headers:
+        if not problems:
+            raise TraceError(f"{run_dir}: no trace file of rank(s) {format_ranks(selected or [])}")
         if len(problems) == 1:
             raise TraceError(problems[0])
         raise TraceError(f"{run_dir}: none of {len(paths)} trace files is usable ({problems[0]})")
@@ -315,7 +687,7 @@ def load_run(
                 f"{run_dir}: ignored {len(ps)} file(s) of another run {other} "
                 f"({', '.join(p.name for p in ps[:3])}{', ...' if len(ps) > 3 else ''})"
             )
-    chosen = runs[run_id]
+    chosen = _skip_compacted_streams(runs[run_id], headers, problems)
     sizes = {headers[p]["size"] for p in chosen}
     size = max(sizes)
     if len(sizes) > 1:
@@ -324,7 +696,7 @@ def load_run(
     iterable = progress(chosen) if progress else chosen
     for p in iterable:
         try:
-            rf = read_rank_file(p)
+            rf = read_rank_file(p, read_spans=read_spans)
         except TraceError as exc:
             problems.append(str(exc))
             continue
@@ -362,17 +734,66 @@ def load_run(
         files[rf.rank] = rf
     if not files:
         raise TraceError(f"{run_dir}: no readable rank file for run {run_id} ({problems[-1]})")
-    missing = [r for r in range(size) if r not in files]
+    missing = [r for r in range(size) if r not in files and (selected is None or r in selected)]
     if missing:
-        problems.append(
-            f"{run_dir}: run {run_id} has {size} ranks but no usable file for rank(s) "
-            f"{', '.join(map(str, missing))}; analyzing the others"
-        )
+        if selected is None:
+            problems.append(
+                f"{run_dir}: run {run_id} has {size} ranks but no usable file for rank(s) "
+                f"{', '.join(map(str, missing))}; analyzing the others"
+            )
+        else:
+            problems.append(
+                f"{run_dir}: run {run_id}: no usable file for selected rank(s) "
+                f"{', '.join(map(str, missing))}"
+            )
+    if selected is not None:
+        outside = sorted(r for r in selected if r >= size)
+        if outside:
+            problems.append(
+                f"{run_dir}: run {run_id} has {size} ranks; selected rank(s) "
+                f"{format_ranks(outside)} do not exist"
+            )
     _choose_clocks(files)
-    spans = _span_frame([files[r] for r in sorted(files)])
     for msg in problems:
         log.warning("%s", msg)
-    return Run(Path(run_dir), run_id, size, files, spans, problems)
+    return Run(Path(run_dir), run_id, size, files, None, problems, selected)
+
+
+def _skip_compacted_streams(
+    paths: list[Path], headers: dict[Path, dict[str, Any]], problems: list[str]
+) -> list[Path]:
+    """Drop an ``.arrows`` file whose ``.parquet`` twin (same name, run and rank) is here too.
+
+    That is what an interrupted compaction leaves: the Parquet file was published, the stream not
+    yet removed. The Parquet file holds the same spans.
+    """
+    by_name = {p.name: p for p in paths}
+    out = []
+    for p in paths:
+        twin = by_name.get(p.with_suffix(PARQUET_SUFFIX).name) if p.suffix == FILE_SUFFIX else None
+        if twin is not None and headers[twin]["rank"] == headers[p]["rank"]:
+            problems.append(
+                _problem(p, f"already compacted into {twin.name} (interrupted); read that one")
+            )
+            continue
+        out.append(p)
+    return out
+
+
+def load_run(
+    run_dir: str | os.PathLike,
+    run_id: str | None = None,
+    ranks: frozenset[int] | None = None,
+    progress: Callable[[Iterable[Path]], Iterable[Path]] | None = None,
+) -> Run:
+    """Load a run directory into a :class:`Run` (spans on rank 0's clock, ns).
+
+    :func:`open_run` with every file's spans read, then the span DataFrame built (``Run.spans``).
+    Raises :class:`TraceError` when no usable rank file remains.
+    """
+    run = open_run(run_dir, run_id=run_id, ranks=ranks, progress=progress, read_spans=True)
+    _ = run.spans
+    return run
 
 
 def _choose_clocks(files: dict[int, RankFile]) -> None:
@@ -391,11 +812,29 @@ def _choose_clocks(files: dict[int, RankFile]) -> None:
             rf.same_clock = True
 
 
-def _span_frame(files: list[RankFile]) -> pd.DataFrame:
+def _file_table(rf: RankFile, problems: list[str] | None) -> pa.Table:
+    """``rf``'s spans: its table, or (a Parquet file opened without them) read from disk now."""
+    if rf.spans_read:
+        return rf.table
+    try:
+        with _open_parquet_file(rf.path) as pf:
+            table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
+    except TraceError as exc:
+        table, err = FILE_SCHEMA.empty_table(), str(exc).removeprefix(f"{rf.path}: ")
+    if err is not None:
+        rf.truncated = True
+        msg = _problem(rf.path, err)
+        log.warning("%s", msg)
+        if problems is not None:
+            problems.append(msg)
+    return table
+
+
+def _span_frame(files: list[RankFile], problems: list[str] | None = None) -> pd.DataFrame:
     """Concatenate rank tables, align times to rank 0's clock and return a DataFrame."""
     tables = []
     for rf in files:
-        t = rf.table
+        t = _file_table(rf, problems)
         start = t.column("start_ns").to_numpy()
         end = t.column("end_ns").to_numpy()
         off_s = offset_at(rf.clock, start)
@@ -404,6 +843,9 @@ def _span_frame(files: list[RankFile]) -> pd.DataFrame:
         t = t.set_column(t.schema.get_field_index("end_ns"), "end_ns", pa.array(end - off_e))
         t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rf.rank, np.int32)))
         tables.append(t)
+    if not tables:
+        t = FILE_SCHEMA.empty_table()
+        tables.append(t.add_column(0, "rank", pa.array([], pa.int32())))
     table = pa.concat_tables(tables).unify_dictionaries()
     df = table.to_pandas()
     for col in ("kind", "name", "dtype"):

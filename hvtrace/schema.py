@@ -1,9 +1,15 @@
 """The one definition of hvtrace's trace format.
 
-A trace file holds one rank's spans as an Apache Arrow IPC *stream* (``.arrows``): a schema whose
-metadata key ``hvtrace`` carries the JSON header, then record batches appended by the writer thread
-every flush interval. A stream has no footer, so a file cut off at any byte still yields every
-complete batch before the cut. See ``docs/format.md``.
+A trace file holds one rank's spans in one of two forms (see ``docs/format.md``):
+
+* while recording, and after a crash: an Apache Arrow IPC *stream* (``.arrows``): a schema whose
+  metadata key ``hvtrace`` carries the JSON header, then record batches appended by the writer
+  thread every flush interval. A stream has no footer, so a file cut off at any byte still yields
+  every complete batch before the cut.
+* once closed cleanly (or compacted with ``hvtrace compact``): a Parquet file (``.parquet``) with
+  the same columns, rows sorted by (step, start_ns), row groups of at most
+  :data:`PARQUET_ROW_GROUP_ROWS` rows with min/max statistics, and the header and the merged batch
+  status in the footer's key-value metadata (keys ``hvtrace`` and ``hvtrace.status``).
 
 All times in a file are integers in nanoseconds on the rank's own monotonic clock
 (``time.monotonic_ns()``; CUDA-timed spans are converted to that clock through an anchor event).
@@ -17,10 +23,18 @@ import pyarrow as pa
 
 FORMAT_NAME: Final = "hvtrace"
 FORMAT_VERSION: Final = 1
+#: Suffix of the live (and crashed) form: an Arrow IPC stream.
 FILE_SUFFIX: Final = ".arrows"
+#: Suffix of the compacted form of a closed file: Parquet.
+PARQUET_SUFFIX: Final = ".parquet"
+#: Suffixes of every trace file form the loader reads.
+TRACE_SUFFIXES: Final[tuple[str, ...]] = (FILE_SUFFIX, PARQUET_SUFFIX)
+#: Most rows per Parquet row group (a reader skips whole row groups by their min/max ``step``).
+PARQUET_ROW_GROUP_ROWS: Final = 32768
 HEADER_KEY: Final = b"hvtrace"
 #: Key of the JSON status that the writer attaches to each record batch (dropped counts, clock
 #: samples, and ``final: true`` on the last batch of a cleanly closed file).
+#: In a Parquet file the same key holds the status merged over all of the stream's batches.
 BATCH_STATUS_KEY: Final = b"hvtrace.status"
 
 #: Span kinds. The order is part of the format: files store the kind as a dictionary index.

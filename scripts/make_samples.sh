@@ -2,6 +2,8 @@
 # Regenerate sample_traces/ from real horovodrun --gloo runs of the built-in model, traced by
 # hvtrace: a balanced 2-rank run, a 2-rank run with rank 1's forward slowed by 40 ms, and a
 # 4-rank run with rank 2's input slowed by 30 ms. Small model so the files stay small.
+# Each rank closes cleanly, so its stream is compacted into rank*.parquet (the committed samples
+# predate that and are .arrows streams; both forms load, and the tests take either).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"

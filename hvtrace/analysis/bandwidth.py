@@ -28,6 +28,22 @@ BANDWIDTH_CAVEAT = (
 )
 
 
+#: Columns of :func:`collective_table`.
+COLLECTIVE_COLUMNS = [
+    "step",
+    "name",
+    "n_ranks",
+    "bytes",
+    "dtype",
+    "first_start_ns",
+    "last_start_ns",
+    "end_ns",
+    "time_ns",
+    "spread_ns",
+    "algbw_gbps",
+]
+
+
 def bus_factor(n_ranks: int | np.ndarray) -> float | np.ndarray:
     """Return the nccl-tests allreduce bus-bandwidth factor ``2 (n - 1) / n`` (0 for n <= 1)."""
     n = np.asarray(n_ranks, dtype=np.float64)
@@ -47,19 +63,7 @@ def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
     """
     kinds = kind_codes(spans)
     sel = np.flatnonzero(kinds == KIND_CODE["allreduce"])
-    cols = [
-        "step",
-        "name",
-        "n_ranks",
-        "bytes",
-        "dtype",
-        "first_start_ns",
-        "last_start_ns",
-        "end_ns",
-        "time_ns",
-        "spread_ns",
-        "algbw_gbps",
-    ]
+    cols = COLLECTIVE_COLUMNS
     if len(sel) == 0:
         return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
     codes, names = name_codes(spans)
@@ -115,11 +119,51 @@ def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
             "end_ns": agg["end_ns"],
         }
     )
+    return _collective_times(out)
+
+
+def _collective_times(out: pd.DataFrame) -> pd.DataFrame:
+    """Add ``time_ns``, ``spread_ns`` and ``algbw_gbps`` to a collective table (in place)."""
     t = (out["end_ns"] - out["last_start_ns"]).astype("float64")
     out["time_ns"] = t.where(t > 0)
     out["spread_ns"] = out["last_start_ns"] - out["first_start_ns"]
     out["algbw_gbps"] = out["bytes"] / out["time_ns"]
     return out
+
+
+def finish_collectives(partials: pd.DataFrame) -> pd.DataFrame:
+    """Return :func:`collective_table` from per-group partial aggregates.
+
+    ``partials``: one row per (step, name) per group of ranks, with ``n_spans`` (allreduce spans
+    of that tensor in the group), ``bytes`` and ``dtype`` (max), ``first_start_ns`` /
+    ``last_start_ns`` (earliest / latest enqueue) and ``end_ns`` (earliest observed completion),
+    times on rank 0's clock. Partials of any grouping of ranks combine to the same table.
+    """
+    cols = COLLECTIVE_COLUMNS
+    if partials.empty:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+    g = partials.groupby(["step", "name"], sort=True, observed=True)
+    out = g.agg(
+        n_ranks=("n_spans", "sum"),
+        bytes=("bytes", "max"),
+        dtype=("dtype", "max"),
+        first_start_ns=("first_start_ns", "min"),
+        last_start_ns=("last_start_ns", "max"),
+        end_ns=("end_ns", "min"),
+    ).reset_index()
+    out = out.astype(
+        {
+            "step": np.int64,
+            "n_ranks": np.int64,
+            "bytes": np.int64,
+            "first_start_ns": np.int64,
+            "last_start_ns": np.int64,
+            "end_ns": np.int64,
+        }
+    )
+    out["name"] = out["name"].astype(str)
+    out["dtype"] = out["dtype"].fillna("").astype(str)
+    return _collective_times(out)[cols]
 
 
 def tensor_table(

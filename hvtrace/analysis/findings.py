@@ -1,24 +1,23 @@
 """Findings: a few short, actionable lines about a run, each with the number behind it.
 
-:func:`make_findings` reads an :class:`hvtrace.analysis.summary.Analysis` and returns a list of
-:class:`Finding`, most important first: an incomplete run, stragglers (with the phase), rank 0
-doing blocking work between steps, communication-bound steps (with the Horovod knobs that help
-and their current values), many small allreduces, and lateness no phase explains.
+:func:`make_findings` reads an :class:`hvtrace.analysis.model.Analysis` and returns a list of
+:class:`~hvtrace.analysis.model.Finding` (defined with the Analysis, re-exported here), most
+important first: an incomplete run, stragglers (with the phase), rank 0 doing blocking work
+between steps, communication-bound steps (with the Horovod knobs that help and their current
+values), many small allreduces, and lateness no phase explains.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.steps import analyzed_steps
 from hvtrace.analysis.stragglers import StragglerConfig, median_of_others
-
-if TYPE_CHECKING:
-    from hvtrace.analysis.summary import Analysis
+from hvtrace.units import format_bytes
 
 #: A run is communication-bound when at least this share of its steps is (see step_summary).
 COMM_BOUND_STEPS: Final = 0.5
@@ -28,25 +27,6 @@ SMALL_BYTES: Final = 256 * 1024
 #: Rank 0's extra time between steps must be this share of the step (median) or of the run.
 RANK0_STEP_SHARE: Final = 0.10
 RANK0_RUN_SHARE: Final = 0.05
-
-
-@dataclass
-class Finding:
-    """One line of advice. ``kind`` names the check (``incomplete``, ``dropped``, ``straggler``,
-    ``slow_host``, ``rank0_blocking``, ``comm_bound``, ``small_allreduces``, ``late_unexplained``,
-    ``balanced``); ``severity`` is ``warning`` or ``info``; ``value`` is the number behind the
-    line, in ``unit``; ``data`` holds the other numbers (JSON-ready)."""
-
-    kind: str
-    severity: str
-    message: str
-    value: float | None = None
-    unit: str = ""
-    data: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the finding as a JSON-ready dict."""
-        return asdict(self)
 
 
 def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Finding]:
@@ -368,8 +348,9 @@ def _small_allreduces(a: Analysis) -> list[Finding]:
         Finding(
             "small_allreduces",
             "info",
-            f"many small allreduces: {n:.0f} tensors per step, median {_bytes(b)}: each costs a "
-            f"negotiation round; fuse more with {_knob(env, 'HOROVOD_FUSION_THRESHOLD')} and "
+            f"many small allreduces: {n:.0f} tensors per step, median {format_bytes(b)}: each "
+            f"costs a negotiation round; fuse more with "
+            f"{_knob(env, 'HOROVOD_FUSION_THRESHOLD')} and "
             f"{_knob(env, 'HOROVOD_CYCLE_TIME')}, or group them (DistributedOptimizer groups=, "
             f"now {groups if groups is not None else 'none'})",
             float(n),
@@ -385,13 +366,6 @@ def _list(xs: Any) -> str:
     if len(xs) > 6:
         return ", ".join(map(str, xs[:6])) + f", ... ({len(xs)})"
     return ", ".join(map(str, xs))
-
-
-def _bytes(b: float) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= div:
-            return f"{b / div:.1f} {unit}"
-    return f"{b:.0f} B"
 
 
 def _f(x: Any) -> float | None:

@@ -93,7 +93,12 @@ def group_ids(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarra
     width = smax - smin + 1
     key = rank * width + (step - smin)
     n_keys = (int(rank.max()) + 1) * width
-    if n_keys <= 1 << 26:
+    change = key[1:] != key[:-1]
+    if len(key) > 1 and bool((key[1:] >= key[:-1]).all()):  # sorted (as files are): one pass
+        first = np.concatenate([[0], np.flatnonzero(change) + 1])
+        gid = np.cumsum(np.concatenate([[False], change]), dtype=np.int64)
+        keys = key[first]
+    elif n_keys <= 1 << 26:
         present = np.bincount(key, minlength=n_keys) > 0
         keys = np.flatnonzero(present)
         dense = np.cumsum(present) - 1
@@ -108,14 +113,46 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
     """Return one row per (rank, step) that has spans, sorted by (rank, step).
 
     ``spans``: the span table of :func:`hvtrace.load_run` (columns ``rank``, ``step``, ``kind``,
-    ``name``, ``start_ns``, ``end_ns``, ``bytes``; times in ns on one clock).
+    ``name``, ``start_ns``, ``end_ns``, ``bytes``; times in ns on one clock). The same as
+    :func:`step_rows` (per rank, columns documented there) followed by :func:`finish_steps`
+    (across ranks); the engine in :mod:`hvtrace.analysis.engine` runs those two on summaries
+    instead of one big frame.
+    """
+    kinds = kind_codes(spans)
+    # rows that are not a step's work (scalars, clock estimates, hvtrace's own spans) get code -1
+    ignore = internal_mask(spans, kinds)
+    kinds = np.where(ignore, -1, kinds).astype(np.int16)
+    rows = step_rows(
+        spans["rank"].to_numpy(),
+        spans["step"].to_numpy(),
+        kinds,
+        spans["start_ns"].to_numpy(dtype=np.int64),
+        spans["end_ns"].to_numpy(dtype=np.int64),
+        spans["bytes"].to_numpy(dtype=np.int64),
+    )
+    return finish_steps(rows)
+
+
+def step_rows(
+    rank: np.ndarray,
+    step: np.ndarray,
+    kinds: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    nbytes: np.ndarray,
+) -> pd.DataFrame:
+    """Reduce spans to one row per (rank, step): the per-rank half of :func:`step_table`.
+
+    Inputs are flat arrays, one entry per span: ``kinds`` holds codes of
+    :data:`hvtrace.schema.KINDS` (-1 for spans that are not a step's work: hvtrace's own user
+    spans); scalars and clock rows are ignored too. Times in ns on one clock per rank (each
+    rank's own clock is fine: nothing here compares ranks). Sorted input (by rank, step, start,
+    as compacted files are) is fastest.
 
     Columns (durations in ns; a ``_ns`` suffix means nanoseconds, ``_gbps`` bytes per ns = GB/s):
 
-    - ``rank``, ``step``; ``complete``: every rank in ``spans`` recorded this step's ``step``
-      span (a rank that stopped mid-step, or lost its last unflushed spans in a crash, leaves the
-      steps after its last one incomplete on all ranks; its own partial step has NaN
-      ``step_ns``/``other_ns``);
+    - ``rank``, ``step``; ``has_step``: the rank recorded this step's ``step`` span (its own
+      partial step has NaN ``step_ns``/``other_ns``);
     - ``start_ns``, ``end_ns``: the step span (else the first/last span of the step);
     - ``step_ns``; the phases ``input_ns``, ``forward_ns``, ``backward_ns``, ``compute_ns``,
       ``wait_ns``, ``update_ns`` (sums of that kind's spans); ``model_ns`` = forward + backward +
@@ -125,44 +162,47 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
     - ``user_ns``: union of user spans (hvtrace's own excluded); ``other_ns``: step time no phase
       and no user span accounts for (clipped at 0);
     - ``n_allreduce``, ``allreduce_bytes``: tensors allreduced and their bytes (after compression);
-    - ``arrival_ns``: when the rank's last gradient became ready (latest allreduce enqueue, on the
-      common clock; NA without allreduce); ``lateness_ns``: arrival minus the earliest arrival of
-      any rank in that step; ``is_last``: the rank arrived last (needs 2 ranks in the step);
+    - ``arrival_ns``: when the rank's last gradient became ready (latest allreduce enqueue; NA
+      without allreduce);
     - ``comm_compute_ratio`` = allreduce / model time; ``algbw_gbps`` = allreduce_bytes /
       allreduce_ns (a lower bound: the union includes waiting for other ranks).
     """
-    kinds = kind_codes(spans)
-    # rows that are not a step's work (scalars, clock estimates, hvtrace's own spans) get code -1;
-    # no rows are copied out, and (rank, step) pairs made only of such rows are dropped at the end
-    ignore = (kinds == _K["scalar"]) | (kinds == _K["clock"]) | internal_mask(spans, kinds)
-    kinds = np.where(ignore, -1, kinds).astype(np.int16)
-    start = spans["start_ns"].to_numpy(dtype=np.int64)
-    end = spans["end_ns"].to_numpy(dtype=np.int64)
-    nbytes = spans["bytes"].to_numpy(dtype=np.int64)
-    gid, g_rank, g_step = group_ids(spans["rank"].to_numpy(), spans["step"].to_numpy())
+    kinds = np.asarray(kinds, dtype=np.int16)
+    kinds = np.where((kinds == _K["scalar"]) | (kinds == _K["clock"]), -1, kinds).astype(np.int16)
+    start = np.asarray(start_ns, dtype=np.int64)
+    end = np.asarray(end_ns, dtype=np.int64)
+    nbytes = np.asarray(nbytes, dtype=np.int64)
+    # (rank, step) pairs made only of ignored rows are dropped at the end
+    real_rows = kinds >= 0
+    if not real_rows.all():
+        keep = np.flatnonzero(real_rows)
+        rank, step, kinds = np.asarray(rank)[keep], np.asarray(step)[keep], kinds[keep]
+        start, end, nbytes = start[keep], end[keep], nbytes[keep]
+    gid, g_rank, g_step = group_ids(rank, step)
     n = len(g_rank)
-    kk = np.where(kinds < 0, _NK, kinds).astype(np.int64)  # _NK: the ignored column
-    cell = gid * (_NK + 1) + kk
-    sums = np.bincount(cell, weights=end - start, minlength=n * (_NK + 1))
-    sums = sums.reshape(n, _NK + 1).round().astype(np.int64)
-    counts = np.bincount(cell, minlength=n * (_NK + 1)).reshape(n, _NK + 1)
+    kk = kinds.astype(np.int64)
+    cell = gid * _NK + kk
+    sums = np.bincount(cell, weights=end - start, minlength=n * _NK)
+    sums = sums.reshape(n, _NK).round().astype(np.int64)
+    counts = np.bincount(cell, minlength=n * _NK).reshape(n, _NK)
     del cell, kk
 
     out = pd.DataFrame({"rank": g_rank, "step": g_step})
     is_step = kinds == _K["step"]
     has_step = counts[:, _K["step"]] > 0
-    ranks_done = pd.Series(has_step).groupby(g_step).transform("sum").to_numpy()
-    out["complete"] = has_step & (ranks_done == len(np.unique(g_rank)))
+    out["has_step"] = has_step
     st = np.zeros(n, np.int64)
     en = np.zeros(n, np.int64)
     st[gid[is_step]] = start[is_step]
     en[gid[is_step]] = end[is_step]
     if not has_step.all():
-        loose = ~has_step[gid] & (kinds >= 0)
-        lo = pd.Series(start[loose]).groupby(gid[loose]).min()
-        hi = pd.Series(end[loose]).groupby(gid[loose]).max()
-        st[lo.index.to_numpy()] = lo.to_numpy()
-        en[hi.index.to_numpy()] = hi.to_numpy()
+        loose = ~has_step[gid]
+        lo = np.full(n, np.iinfo(np.int64).max, np.int64)
+        hi = np.full(n, np.iinfo(np.int64).min, np.int64)
+        np.minimum.at(lo, gid[loose], start[loose])
+        np.maximum.at(hi, gid[loose], end[loose])
+        st = np.where(has_step, st, lo)
+        en = np.where(has_step, en, hi)
     out["start_ns"] = st
     out["end_ns"] = en
     step_ns = np.where(has_step, sums[:, _K["step"]], np.nan)
@@ -209,18 +249,34 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
         np.maximum.at(mx, g_ar, s_ar)
         arr[has_ar] = mx[has_ar]
     out["arrival_ns"] = arr
-    _add_lateness(out)
     with np.errstate(invalid="ignore", divide="ignore"):
         model = out["model_ns"].to_numpy()
         out["comm_compute_ratio"] = np.where(model > 0, allreduce / np.maximum(model, 1), np.nan)
         out["algbw_gbps"] = np.where(
             allreduce > 0, out["allreduce_bytes"].to_numpy() / np.maximum(allreduce, 1), np.nan
         )
-    real = counts[:, :_NK].sum(axis=1) > 0
-    if not real.all():
-        out = out[real].reset_index(drop=True)
-        _add_lateness(out)
     return out
+
+
+def finish_steps(rows: pd.DataFrame, n_ranks: int | None = None) -> pd.DataFrame:
+    """Return the step table from :func:`step_rows` of every rank (times on one clock).
+
+    The cross-rank half of :func:`step_table`: sorts by (rank, step) and adds ``complete`` (every
+    one of the ``n_ranks`` ranks, default the ranks present, recorded this step's ``step`` span; a
+    rank that stopped mid-step, or lost its last unflushed spans in a crash, leaves the steps after
+    its last one incomplete on all ranks), ``lateness_ns`` (arrival minus the earliest arrival of
+    any rank in that step) and ``is_last`` (the rank arrived last; needs 2 ranks in the step).
+    """
+    out = rows.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+    if n_ranks is None:
+        n_ranks = int(out["rank"].nunique())
+    has_step = out.pop("has_step").to_numpy(dtype=bool)
+    ranks_done = pd.Series(has_step).groupby(out["step"].to_numpy()).transform("sum").to_numpy()
+    out.insert(2, "complete", has_step & (ranks_done == n_ranks))
+    _add_lateness(out)
+    cols = [c for c in out.columns if c not in ("lateness_ns", "is_last")]
+    i = cols.index("arrival_ns") + 1
+    return out[[*cols[:i], "lateness_ns", "is_last", *cols[i:]]]
 
 
 def _add_lateness(out: pd.DataFrame) -> None:

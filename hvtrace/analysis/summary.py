@@ -7,7 +7,7 @@ column names say), the straggler verdicts and the findings. Nothing here prints 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,9 @@ from hvtrace.analysis.bandwidth import (
     step_comm_table,
     tensor_table,
 )
-from hvtrace.analysis.findings import Finding, make_findings
+from hvtrace.analysis.findings import make_findings
+from hvtrace.analysis.model import Analysis, Finding, RankState
 from hvtrace.analysis.steps import (
-    analyzed_steps,
     rank_summary,
     step_table,
     user_summary,
@@ -37,79 +37,11 @@ from hvtrace.analysis.stragglers import (
     slow_hosts,
     straggler_table,
 )
+from hvtrace.selection import StepRange
 
 #: A step counts as communication-bound when the last rank to arrive (which waited for nobody)
 #: still spends at least this share of the step blocked in ``synchronize()``.
 COMM_BOUND_SHARE = 0.25
-
-
-@dataclass
-class RankState:
-    """How one rank's recording ended (from its file)."""
-
-    rank: int
-    complete: bool
-    truncated: bool
-    dropped: int
-    last_step: int
-
-
-@dataclass
-class Analysis:
-    """Everything :func:`analyze` computes. DataFrames are documented where they are made:
-
-    - ``steps``: :func:`hvtrace.analysis.steps.step_table` (per rank and step, ns);
-    - ``per_rank``: :func:`hvtrace.analysis.steps.rank_summary` plus ``host`` (ms);
-    - ``users`` / ``user_per_rank``: :func:`~hvtrace.analysis.steps.user_table` (ns) /
-      :func:`~hvtrace.analysis.steps.user_summary` (ms);
-    - ``per_step``: :func:`step_summary` (one row per step, ms);
-    - ``collectives`` / ``tensors`` / ``step_comm``: :mod:`hvtrace.analysis.bandwidth`;
-    - ``verdicts``: :func:`hvtrace.analysis.stragglers.straggler_table` (every rank);
-      ``stragglers``: the named ones; ``slow_hosts``: hosts whose ranks are all late;
-    - ``findings``: short actionable lines, each with the number behind it.
-    """
-
-    run_id: str
-    size: int
-    ranks: list[int]
-    hosts: dict[int, str]
-    skip_steps: int
-    step_range: tuple[int, int | None] | None
-    steps: pd.DataFrame
-    per_rank: pd.DataFrame
-    users: pd.DataFrame
-    user_per_rank: pd.DataFrame
-    per_step: pd.DataFrame
-    collectives: pd.DataFrame
-    tensors: pd.DataFrame
-    step_comm: pd.DataFrame
-    comm: dict[str, float]
-    verdicts: pd.DataFrame
-    stragglers: pd.DataFrame
-    slow_hosts: pd.DataFrame
-    findings: list[Finding] = field(default_factory=list)
-    clock: str = ""
-    clock_uncertainty_ns: dict[int, int] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    rank_states: list[RankState] = field(default_factory=list)
-    missing_ranks: list[int] = field(default_factory=list)
-    horovod_env: dict[str, str] = field(default_factory=dict)
-    optimizer: dict[str, Any] = field(default_factory=dict)
-    timing: str = ""  # the header's timing: host_monotonic (CPU) or cuda_events
-    run_dir: Path | None = None
-
-    @property
-    def analyzed(self) -> pd.DataFrame:
-        """The rows of ``steps`` the statistics use (complete, after the warm-up)."""
-        return analyzed_steps(self.steps, self.skip_steps)
-
-    @property
-    def analyzed_step_numbers(self) -> tuple[int, int, int]:
-        """``(first, last, count)`` of the analyzed step numbers (-1, -1, 0 when none)."""
-        s = self.analyzed["step"]
-        if s.empty:
-            return -1, -1, 0
-        return int(s.min()), int(s.max()), int(s.nunique())
 
 
 def step_summary(steps: pd.DataFrame, comm_bound_share: float = COMM_BOUND_SHARE) -> pd.DataFrame:
@@ -167,51 +99,38 @@ def step_summary(steps: pd.DataFrame, comm_bound_share: float = COMM_BOUND_SHARE
     return out.reset_index()[cols]
 
 
-def analyze_spans(
-    spans: pd.DataFrame,
+def analyze_tables(
+    st: pd.DataFrame,
+    users: pd.DataFrame,
+    coll: pd.DataFrame,
     *,
     size: int | None = None,
     hosts: dict[int, str] | None = None,
     clock_uncertainty: dict[int, int] | None = None,
     skip_steps: int = 1,
-    steps: tuple[int, int | None] | None = None,
+    steps: StepRange | None = None,
     config: StragglerConfig | None = None,
     run_id: str = "",
     horovod_env: dict[str, str] | None = None,
     optimizer: dict[str, Any] | None = None,
 ) -> Analysis:
-    """Analyze a span table (as :func:`hvtrace.load_run` makes; times in ns on one clock).
+    """Analyze a run from its summaries: the cross-rank half of every metric.
 
-    ``size``: ranks in the run (default: ranks present); ``hosts``: rank -> host;
-    ``clock_uncertainty``: rank -> ns; ``skip_steps``: warm-up steps left out of statistics;
-    ``steps``: ``(first, stop)`` keeps steps ``first .. stop-1`` only (``stop`` None: to the end).
-    Raises ``ValueError`` when the selection holds no spans.
+    ``st``: the step table (:func:`hvtrace.analysis.steps.step_table`, or
+    :func:`~hvtrace.analysis.steps.finish_steps` of the engine's per-rank pass), ``users``: user
+    time per (rank, step, name), ``coll``: :func:`hvtrace.analysis.bandwidth.collective_table`.
+    Other arguments as for :func:`analyze_spans`. Raises ``ValueError`` when ``st`` is empty.
     """
-    if steps is not None:
-        lo, hi = steps
-        sel = spans["step"] >= lo
-        if hi is not None:
-            sel &= spans["step"] < hi
-        if not sel.any():
-            have = spans["step"]
-            rng = f"{int(have.min())}..{int(have.max())}" if len(have) else "none"
-            raise ValueError(
-                f"no spans in steps {lo}..{'end' if hi is None else hi - 1} (the run has {rng})"
-            )
-        spans = spans[sel]
-    if spans.empty:
+    if st.empty:
         raise ValueError("the run has no spans to analyze")
-    ranks = sorted(int(r) for r in spans["rank"].unique())
+    ranks = sorted(int(r) for r in st["rank"].unique())
     size = size or (max(ranks) + 1)
     hosts = dict(hosts or {})
     for r in ranks:
         hosts.setdefault(r, "?")
-    st = step_table(spans)
-    users = user_table(spans)
     per_rank = rank_summary(st, skip_steps)
     per_rank.insert(1, "host", [hosts.get(int(r), "?") for r in per_rank["rank"]])
     ups = user_summary(users, st, skip_steps)
-    coll = collective_table(spans)
     tens = tensor_table(coll, size, skip_steps)
     sc = step_comm_table(st, size)
     verdicts = straggler_table(st, users, hosts, clock_uncertainty, skip_steps, config)
@@ -244,28 +163,122 @@ def analyze_spans(
     return a
 
 
+def analyze_spans(
+    spans: pd.DataFrame,
+    *,
+    size: int | None = None,
+    hosts: dict[int, str] | None = None,
+    clock_uncertainty: dict[int, int] | None = None,
+    skip_steps: int = 1,
+    steps: StepRange | tuple[int, int | None] | None = None,
+    config: StragglerConfig | None = None,
+    run_id: str = "",
+    horovod_env: dict[str, str] | None = None,
+    optimizer: dict[str, Any] | None = None,
+) -> Analysis:
+    """Analyze a span table (as :func:`hvtrace.load_run` makes; times in ns on one clock).
+
+    The whole-frame path, kept while the engine (:func:`analyze`) is checked against it: it
+    holds every span in memory, so it suits small runs only.
+    ``size``: ranks in the run (default: ranks present); ``hosts``: rank -> host;
+    ``clock_uncertainty``: rank -> ns; ``skip_steps``: warm-up steps left out of statistics;
+    ``steps``: a :class:`~hvtrace.selection.StepRange` (or a ``(first, stop)`` tuple) keeps steps
+    ``first .. stop-1`` only (``stop`` None: to the end).
+    Raises ``ValueError`` when the selection holds no spans.
+    """
+    steps = StepRange.of(steps)
+    if steps is not None:
+        sel = steps.mask(spans["step"])
+        if not sel.any():
+            have = spans["step"]
+            rng = f"{int(have.min())}..{int(have.max())}" if len(have) else "none"
+            raise ValueError(f"no spans in steps {steps.label()} (the run has {rng})")
+        spans = spans[sel]
+    if spans.empty:
+        raise ValueError("the run has no spans to analyze")
+    return analyze_tables(
+        step_table(spans),
+        user_table(spans),
+        collective_table(spans),
+        size=size or (int(spans["rank"].max()) + 1),
+        hosts=hosts,
+        clock_uncertainty=clock_uncertainty,
+        skip_steps=skip_steps,
+        steps=steps,
+        config=config,
+        run_id=run_id,
+        horovod_env=horovod_env,
+        optimizer=optimizer,
+    )
+
+
 def analyze(
     run: Any,
-    steps: tuple[int, int | None] | None = None,
+    steps: StepRange | tuple[int, int | None] | None = None,
     skip_steps: int = 1,
     config: StragglerConfig | None = None,
+    *,
+    memory_limit_bytes: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Analysis:
-    """Analyze a loaded :class:`hvtrace.Run`; return an :class:`Analysis` with its findings.
+    """Analyze an opened :class:`hvtrace.Run` on the engine; return an :class:`Analysis`.
 
-    ``steps``: ``(first, stop)`` restricts the analysis to steps ``first .. stop-1``;
-    ``skip_steps``: steps ``0 .. skip_steps-1`` (warm-up) are left out of medians and verdicts;
-    ``config``: straggler thresholds (default: :meth:`StragglerConfig.for_timing` of the run's
-    timing, so CPU-timed runs get a 2 ms noise floor). Raises :class:`hvtrace.TraceError` when
+    The run's spans are never loaded as one frame: :mod:`hvtrace.analysis.engine` reduces each
+    rank's file (only the row groups of ``steps``) to summaries on DuckDB, and the cross-rank
+    metrics are computed from those (:func:`analyze_tables`).
+    ``steps``: a :class:`~hvtrace.selection.StepRange` (or ``(first, stop)``) restricts the
+    analysis to steps ``first .. stop-1``; ``skip_steps``: steps ``0 .. skip_steps-1`` (warm-up)
+    are left out of medians and verdicts; ``config``: straggler thresholds (default:
+    :meth:`StragglerConfig.for_timing` of the run's timing, so CPU-timed runs get a 2 ms noise
+    floor); ``memory_limit_bytes``: DuckDB's memory limit (default a quarter of the machine's);
+    ``progress(done, total)``: called as ranks are done. Raises :class:`hvtrace.TraceError` when
     the run (or the step selection) holds no spans.
     """
-    from hvtrace.load import TraceError
+    from hvtrace.analysis.engine import EngineError, RankSource, sources_for_run, summarize
+    from hvtrace.errors import TraceError
+    from hvtrace.load import salvage
 
+    steps = StepRange.of(steps)
     h0 = run.files[run.ranks[0]].header if run.files else {}
     if config is None:
         config = StragglerConfig.for_timing(h0.get("timing"))
+    sources = sources_for_run(run)
+    salvaged: list[str] = []
+
+    def repair(group: list[RankSource]) -> list[RankSource]:
+        """Read a group that DuckDB could not with the careful reader, keeping what it can."""
+        out = []
+        for s in group:
+            rf = run.files.get(s.rank) if s.rank is not None else None
+            if s.parquet is None or rf is None:
+                out.append(s)
+                continue
+            msg = salvage(rf)
+            if msg:
+                salvaged.append(msg)
+            out.append(RankSource(s.rank, rf.table.num_rows, table=rf.table, clock=s.clock))
+        return out
+
     try:
-        a = analyze_spans(
-            run.spans,
+        summ = summarize(
+            sources,
+            steps,
+            n_ranks=len(sources),
+            memory_limit_bytes=memory_limit_bytes,
+            progress=progress,
+            repair=repair,
+        )
+    except EngineError as exc:
+        raise TraceError(f"{run.run_dir}: the query engine failed: {exc}") from None
+    if summ.steps.empty:
+        last = max((int(f.last_step) for f in run.files.values()), default=-1)
+        what = f"no spans in steps {steps.label()}" if steps is not None else "no spans"
+        raise TraceError(f"{run.run_dir}: {what} (the ranks stopped by step {last})")
+    try:
+        a = analyze_tables(
+            summ.steps,
+            summ.users,
+            summ.collectives,
             size=run.size,
             hosts=run.hosts,
             clock_uncertainty=clock_uncertainty_ns(run),
@@ -278,10 +291,18 @@ def analyze(
         )
     except ValueError as exc:
         raise TraceError(f"{run.run_dir}: {exc}") from None
+    a.read = {
+        "spans": summ.spans_read,
+        "spans_total": sum(s.n_spans for s in sources),
+        "files": len(sources),
+        "files_total": int(run.size),
+        "row_groups": summ.row_groups_read,
+        "row_groups_total": summ.row_groups_total,
+    }
     a.run_dir = Path(run.run_dir)
     a.timing = str(h0.get("timing") or "")
     a.clock = run.clock_summary()
-    a.problems = list(run.problems)
+    a.problems = list(run.problems) + salvaged
     a.missing_ranks = list(run.missing_ranks)
     a.rank_states = [
         RankState(r, f.complete, f.truncated, int(f.dropped), int(f.last_step))
@@ -295,8 +316,10 @@ __all__ = [
     "BANDWIDTH_CAVEAT",
     "COMM_BOUND_SHARE",
     "Analysis",
+    "Finding",
     "RankState",
     "analyze",
     "analyze_spans",
+    "analyze_tables",
     "step_summary",
 ]

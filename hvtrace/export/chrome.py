@@ -52,8 +52,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hvtrace.load import Run, TraceError
+from hvtrace.errors import TraceError
+from hvtrace.load import Run
 from hvtrace.schema import KINDS
+from hvtrace.selection import SelectionError, StepRange
 
 log = logging.getLogger("hvtrace")
 
@@ -179,68 +181,6 @@ def _first_fit_heap(s: np.ndarray, e: np.ndarray) -> np.ndarray:
         heapq.heappush(busy, (b, lane))
         lanes.append(lane)
     return np.asarray(lanes, np.int64)
-
-
-# --------------------------------------------------------------------------------------------
-# Per-step communication/compute ratio
-
-
-def comm_compute_ratio(spans: pd.DataFrame) -> pd.DataFrame:
-    """Return per (rank, step): ``start_ns``, ``comm_ns``, ``compute_ns``, ``comm_compute_ratio``.
-
-    ``comm_ns`` is the union of the step's allreduce spans on that rank (time during which at
-    least one allreduce was in flight), ``compute_ns`` the summed forward + backward (or compute)
-    time, and the ratio their quotient (NaN without compute). ``start_ns`` is the step span's
-    start (else the step's earliest span). A stand-in for the analysis module's step table.
-    """
-    s = _normalize(spans)
-    kind = s["kind"].cat.codes.to_numpy()
-    rank = s["rank"].to_numpy(np.int64)
-    step = s["step"].to_numpy(np.int64)
-    start = s["start_ns"].to_numpy(np.int64)
-    end = np.maximum(s["end_ns"].to_numpy(np.int64), start)
-    keys = ["rank", "step"]
-
-    def per_step(mask: np.ndarray, values: np.ndarray, how: str) -> pd.Series:
-        df = pd.DataFrame({"rank": rank[mask], "step": step[mask], "v": values})
-        return df.groupby(keys, sort=True)["v"].agg(how)
-
-    keep = kind != _K["clock"]
-    first = per_step(keep, start[keep], "min")
-    is_step = kind == _K["step"]
-    start_ns = per_step(is_step, start[is_step], "min").reindex(first.index)
-    start_ns = start_ns.fillna(first).astype(np.int64)
-
-    ar = kind == _K["allreduce"]
-    a_r, a_st, a_s, a_e = rank[ar], step[ar], start[ar], end[ar]
-    order = np.lexsort((a_s, a_st, a_r))
-    a_r, a_st, a_s, a_e = a_r[order], a_st[order], a_s[order], a_e[order]
-    n = len(a_s)
-    comm = pd.Series(0, index=first.index, dtype=np.int64)
-    if n:
-        new = np.ones(n, bool)
-        new[1:] = (a_r[1:] != a_r[:-1]) | (a_st[1:] != a_st[:-1])
-        gid = np.cumsum(new) - 1
-        run_max = pd.Series(a_e).groupby(gid, sort=False).cummax().to_numpy()
-        prev = np.zeros(n, np.int64)
-        prev[1:] = run_max[:-1]
-        lo = np.where(new, a_s, np.maximum(a_s, prev))
-        part = np.maximum(a_e - lo, 0)
-        df = pd.DataFrame({"rank": a_r, "step": a_st, "v": part})
-        comm = df.groupby(keys, sort=True)["v"].sum().reindex(first.index, fill_value=0)
-    cm = np.isin(kind, [_K["forward"], _K["backward"], _K["compute"]])
-    compute = per_step(cm, end[cm] - start[cm], "sum").reindex(first.index, fill_value=0)
-    out = pd.DataFrame(
-        {
-            "start_ns": start_ns,
-            "comm_ns": comm.astype(np.int64),
-            "compute_ns": compute.astype(np.int64),
-        }
-    )
-    out["comm_compute_ratio"] = out["comm_ns"] / out["compute_ns"].where(out["compute_ns"] > 0)
-    return out.reset_index()[
-        ["rank", "step", "start_ns", "comm_ns", "compute_ns", "comm_compute_ratio"]
-    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,7 +339,7 @@ class _Table:
 
 def _build(
     src: _Source,
-    steps: tuple[int, int | None] | None,
+    steps: StepRange | None,
     steps_df: pd.DataFrame | None,
 ) -> _Table:
     spans = src.spans
@@ -412,16 +352,12 @@ def _build(
 
     step_all = spans["step"].to_numpy(np.int64)
     keep = not_clock
-    lo, hi = _check_steps(steps)
     if steps is not None:
-        keep = keep & (step_all >= lo)
-        if hi is not None:
-            keep = keep & (step_all < hi)
+        keep = keep & steps.mask(step_all)
         if not keep.any():
             have = step_all[not_clock]
             raise TraceError(
-                f"no spans in steps {lo}..{'end' if hi is None else hi - 1} "
-                f"(the run has steps {have.min()}..{have.max()})"
+                f"no spans in steps {steps.label()} (the run has steps {have.min()}..{have.max()})"
             )
     sel = np.flatnonzero(keep)
     kind = kind_all[sel]
@@ -458,23 +394,10 @@ def _build(
     f_id = f_src = f_dst = np.zeros(0, np.int64)
     if len(ar):
         a_rank, a_step, a_name, a_start = x_rank[ar], x_step[ar], x_name[ar], x_start[ar]
-        o = np.lexsort((a_start, a_name, a_step, a_rank))
-        same = np.zeros(len(o), bool)
-        same[1:] = (
-            (a_rank[o][1:] == a_rank[o][:-1])
-            & (a_step[o][1:] == a_step[o][:-1])
-            & (a_name[o][1:] == a_name[o][:-1])
-        )
-        first = np.maximum.accumulate(np.where(same, 0, np.arange(len(o))))
-        occ = np.empty(len(o), np.int64)
-        occ[o] = np.arange(len(o)) - first
-        o2 = np.lexsort((occ, a_name, a_step))
+        # one collective per (step, tensor), as the analysis defines it (collective_table)
+        o2 = np.lexsort((a_name, a_step))
         newc = np.ones(len(o2), bool)
-        newc[1:] = (
-            (a_step[o2][1:] != a_step[o2][:-1])
-            | (a_name[o2][1:] != a_name[o2][:-1])
-            | (occ[o2][1:] != occ[o2][:-1])
-        )
+        newc[1:] = (a_step[o2][1:] != a_step[o2][:-1]) | (a_name[o2][1:] != a_name[o2][:-1])
         cid = np.empty(len(o2), np.int64)
         cid[o2] = np.cumsum(newc) - 1
         x_coll[ar] = cid
@@ -497,11 +420,14 @@ def _build(
     c_value = spans["value"].to_numpy(np.float64)[sel][is_scalar]
 
     # ---- counters: comm/compute ratio per rank and step
-    ratio = comm_compute_ratio(spans.iloc[sel]) if steps_df is None else _steps_table(steps_df)
+    if steps_df is None:  # the analysis's own step table: one definition of the ratio
+        from hvtrace.analysis.steps import step_table
+
+        steps_df = step_table(spans.iloc[sel])
+    ratio = _steps_table(steps_df)
     ratio = ratio[np.isfinite(ratio["comm_compute_ratio"].to_numpy(np.float64))]
     if steps is not None:
-        rs = ratio["step"].to_numpy(np.int64)
-        ratio = ratio[(rs >= lo) & (rs < (hi if hi is not None else np.iinfo(np.int64).max))]
+        ratio = ratio[steps.mask(ratio["step"].to_numpy(np.int64))]
     ratio = ratio[ratio["rank"].isin(src.ranks)]
     r_rank = ratio["rank"].to_numpy(np.int64)
     r_ts = np.maximum(ratio["start_ns"].to_numpy(np.int64) - t0, 0)
@@ -579,18 +505,14 @@ def _build(
     )
 
 
-def _check_steps(steps: tuple[int, int | None] | None) -> tuple[int, int | None]:
-    if steps is None:
-        return 0, None
+def _check_steps(steps: StepRange | tuple[int, int | None] | None) -> StepRange | None:
+    """Return ``steps`` as a StepRange (None: every step); raise ValueError when malformed."""
     try:
-        lo, hi = steps
+        return StepRange.of(steps)
+    except SelectionError:
+        raise
     except (TypeError, ValueError):
-        raise ValueError(f"steps must be (first, stop), not {steps!r}") from None
-    lo = 0 if lo is None else int(lo)
-    hi = None if hi is None else int(hi)
-    if hi is not None and hi <= lo:
-        raise ValueError(f"steps=({lo}, {hi}) selects no step (stop must be > first)")
-    return lo, hi
+        raise ValueError(f"steps must be a StepRange or (first, stop), not {steps!r}") from None
 
 
 def _steps_table(steps_df: pd.DataFrame) -> pd.DataFrame:
@@ -651,9 +573,7 @@ def _m(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
 
-def _other_data(
-    src: _Source, t0: int, steps: tuple[int, int | None] | None, nsub: np.ndarray
-) -> dict[str, Any]:
+def _other_data(src: _Source, t0: int, steps: StepRange | None, nsub: np.ndarray) -> dict[str, Any]:
     from hvtrace import __version__
 
     other: dict[str, Any] = {
@@ -671,8 +591,7 @@ def _other_data(
     if src.clock:
         other["clock"] = src.clock
     if steps is not None:
-        lo, hi = _check_steps(steps)
-        other["steps_selected"] = [lo, hi]
+        other["steps_selected"] = steps.to_list()
     if src.problems:
         other["problems"] = src.problems[:50]
     return other
@@ -859,7 +778,7 @@ def _strings_in_order(t: _Table) -> Iterator[tuple[tuple[int, int], pa.Array]]:
 
 def chrome_events(
     run_or_spans: Run | pd.DataFrame,
-    steps: tuple[int, int | None] | None = None,
+    steps: StepRange | tuple[int, int | None] | None = None,
     steps_df: pd.DataFrame | None = None,
     hosts: dict[int, str] | None = None,
 ) -> Iterator[dict[str, Any]]:
@@ -867,11 +786,12 @@ def chrome_events(
 
     Metadata events first, then every event in file order. The events are parsed back from the
     exact text :func:`write_chrome_trace` writes, so what a test sees is what a viewer reads.
-    ``steps=(first, stop)`` keeps steps ``first..stop-1`` (``stop`` None: to the end);
+    ``steps``: a :class:`~hvtrace.selection.StepRange`, or ``(first, stop)``, keeps steps
+    ``first..stop-1`` (``stop`` None: to the end);
     ``steps_df`` (columns ``rank``, ``step``, ``start_ns``, ``comm_compute_ratio``) replaces the
     built-in :func:`comm_compute_ratio`.
     """
-    t = _build(_source(run_or_spans, hosts), steps, steps_df)
+    t = _build(_source(run_or_spans, hosts), _check_steps(steps), steps_df)
     yield from (dict(m) for m in t.meta)
     for lo, hi in _batches(t):
         arr = _batch_strings(t, lo, hi)
@@ -882,7 +802,7 @@ def chrome_events(
 def write_chrome_trace(
     run: Run | pd.DataFrame,
     out_path: str | os.PathLike,
-    steps: tuple[int, int | None] | None = None,
+    steps: StepRange | tuple[int, int | None] | None = None,
     steps_df: pd.DataFrame | None = None,
     max_events: int = 1_000_000,
     max_bytes: int = 256 * 2**20,
@@ -899,7 +819,7 @@ def write_chrome_trace(
     """
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    t = _build(_source(run, hosts), steps, steps_df)
+    t = _build(_source(run, hosts), _check_steps(steps), steps_df)
     writer = _PartWriter(out, t, max_events, max_bytes)
     try:
         for (lo, hi), arr in _strings_in_order(t):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from hvtrace.selection import SelectionError, StepRange
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the optional sub-commands to ``sub``."""
@@ -22,24 +24,24 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return analyze_command(args)
 
 
-def parse_steps(text: str) -> tuple[int, int | None]:
-    """Parse ``A:B`` (steps A..B-1), ``A:`` (A to the end), ``:B`` or ``A`` (just step A)."""
-    t = text.strip()
+def parse_steps(text: str) -> StepRange:
+    """Parse ``--steps``: ``A:B`` (steps A..B-1), ``A:`` (A to the end), ``:B`` or ``A`` (step A).
+
+    Returns a :class:`~hvtrace.selection.StepRange`; a bad range is an argparse usage error.
+    """
     try:
-        if ":" in t:
-            lo_s, hi_s = t.split(":", 1)
-            lo = int(lo_s) if lo_s.strip() else 0
-            hi = int(hi_s) if hi_s.strip() else None
-        else:
-            lo = int(t)
-            hi = lo + 1
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a step range: use A:B (steps A to B-1), A: or :B"
-        ) from None
-    if lo < 0 or (hi is not None and hi <= lo):
-        raise argparse.ArgumentTypeError(f"{text!r} selects no step (need 0 <= A < B)")
-    return lo, hi
+        return StepRange.parse(text)
+    except SelectionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rank_list(text: str) -> frozenset[int]:
+    from hvtrace.selection import SelectionError, parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except SelectionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _register_analyze(sub: argparse._SubParsersAction) -> None:
@@ -82,6 +84,20 @@ def _register_analyze(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="leave steps 0..N-1 (warm-up) out of medians and verdicts (default 1)",
     )
+    p.add_argument(
+        "--ranks",
+        metavar="LIST",
+        type=_rank_list,
+        default=None,
+        help="analyze these ranks only, e.g. 0,4-7 (other ranks' files are not opened)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        default=None,
+        help="memory the query engine may use before spilling to disk, e.g. 2GB "
+        "(default: a quarter of this machine's memory)",
+    )
     p.add_argument("--run-id", default=None, help="run to read when the directory holds several")
     p.set_defaults(func=_cmd_analyze)
 
@@ -91,7 +107,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     try:  # Dash is imported only here, so no other sub-command pays for it
         from hvtrace_dashboard.app import run_command
     except ImportError as exc:
-        from hvtrace.load import TraceError
+        from hvtrace.errors import TraceError
 
         raise TraceError(
             f"the dashboard needs Dash and plotly ({exc}); install them with "

@@ -23,7 +23,9 @@ import pandas as pd
 
 from hvtrace.analysis import Analysis
 from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
-from hvtrace.load import TraceError
+from hvtrace.errors import TraceError
+from hvtrace.selection import StepRange
+from hvtrace.units import format_bytes
 
 WIDTH = 80
 
@@ -118,6 +120,17 @@ def _rank_rows(a: Analysis, ranks: list[int], note: str) -> list[tuple[str, pd.S
     return rows
 
 
+def read_summary(read: dict[str, int]) -> str:
+    """One line saying what the engine read (spans, row groups, rank files)."""
+    r = read
+    parts = [f"{r.get('spans', 0):,} of {r.get('spans_total', 0):,} spans"]
+    if r.get("row_groups_total"):
+        parts.append(f"{r.get('row_groups', 0):,} of {r['row_groups_total']:,} Parquet row groups")
+    files, total = r.get("files", 0), r.get("files_total", 0)
+    parts.append(f"{files:,} of {total:,} ranks' files" if total > files else f"{files:,} files")
+    return "read: " + ", ".join(parts)
+
+
 def format_report(
     a: Analysis, width: int = WIDTH, max_ranks: int = 16, max_tensors: int = 6
 ) -> str:
@@ -133,9 +146,9 @@ def format_report(
     L += _wrap(head, w)
     first, last, count = a.analyzed_step_numbers
     sel = ""
-    if a.step_range is not None:
-        lo, hi = a.step_range
-        sel = f"; selected steps {lo}..{'end' if hi is None else hi - 1}"
+    rng = StepRange.of(a.step_range)
+    if rng is not None:
+        sel = f"; selected steps {rng.label()}"
     if count:
         skipped = ""
         if a.skip_steps == 1:
@@ -152,6 +165,8 @@ def format_report(
         L += _wrap(f"no complete step to analyze{sel}", w)
     if a.run_dir is not None:
         L += _wrap(f"directory: {a.run_dir}", w)
+    if a.read:
+        L += _wrap(read_summary(a.read), w)
     if a.clock:
         L += _wrap(a.clock, w)
     for p in a.problems:
@@ -246,7 +261,7 @@ def format_report(
             rows.append(
                 [
                     str(x["name"]),
-                    _bytes(x["bytes"]),
+                    format_bytes(x["bytes"]),
                     str(x["dtype"]),
                     _num(x["time_ms"], ".2f"),
                     _gbps(x["algbw_gbps"]),
@@ -257,7 +272,7 @@ def format_report(
         c = a.comm
         L += _wrap(
             f"per step: {_num(c['tensors_per_step'], '.0f')} tensors, "
-            f"{_bytes(c['bytes_per_step'])} in {_num(c['comm_ms'])} ms of allreduce -> algbw "
+            f"{format_bytes(c['bytes_per_step'])} in {_num(c['comm_ms'])} ms of allreduce -> algbw "
             f"{_gbps(c['algbw_gbps'])} GB/s, busbw {_gbps(c['busbw_gbps'])} GB/s "
             f"(n={a.size}, busbw = algbw x 2(n-1)/n).",
             w,
@@ -324,19 +339,6 @@ def _relative(problem: str, run_dir: Path | None) -> str:
     return problem.replace(d + os.sep, "")
 
 
-def _bytes(b: Any) -> str:
-    try:
-        b = float(b)
-    except (TypeError, ValueError):
-        return "-"
-    if not math.isfinite(b):
-        return "-"
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= div:
-            return f"{b / div:.1f} {unit}"
-    return f"{b:.0f} B"
-
-
 # -- JSON ------------------------------------------------------------------------------------------
 def _clean(x: Any) -> Any:
     """Make ``x`` JSON-ready: numpy scalars to Python, NaN/NA to None, keys to strings."""
@@ -375,6 +377,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     from hvtrace import __version__
 
     first, last, count = a.analyzed_step_numbers
+    rng = StepRange.of(a.step_range)  # a (first, stop) tuple from older callers is fine too
     per_rank = _records(a.per_rank)
     up = a.user_per_rank
     for rec in per_rank:
@@ -395,8 +398,9 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
                 "last": last if count else None,
                 "count": count,
                 "skip_steps": a.skip_steps,
-                "selected": list(a.step_range) if a.step_range is not None else None,
+                "selected": rng.to_list() if rng is not None else None,
             },
+            "read": dict(a.read),
             "per_rank": per_rank,
             "stragglers": _records(a.stragglers),
             "slow_hosts": _records(a.slow_hosts),
@@ -511,27 +515,59 @@ def _progress(label: str) -> Callable[[Iterable[Path]], Iterable[Path]] | None:
     return wrap
 
 
-def _status(label: str) -> Any:
-    """A rich spinner on stderr while the analysis runs, when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        import contextlib
+class _rank_progress:
+    """A rich progress bar over ranks on stderr (when it is a terminal); yields a callback."""
 
-        return contextlib.nullcontext()
-    from rich.console import Console
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._bar: Any = None
+        self._task: Any = None
 
-    return Console(stderr=True).status(label)
+    def __enter__(self) -> Callable[[int, int], None] | None:
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self._bar = Progress(console=Console(stderr=True), transient=True)
+        self._bar.__enter__()
+        self._task = self._bar.add_task(self.label, total=None)
+        return self._update
+
+    def _update(self, done: int, total: int) -> None:
+        self._bar.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
     """Run ``hvtrace analyze``; return the exit code (errors in the input raise TraceError)."""
     from hvtrace.analysis import analyze
-    from hvtrace.load import load_run
+    from hvtrace.analysis.engine import parse_size
+    from hvtrace.load import open_run
 
     if args.skip_steps < 0:
         raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
-    run = load_run(args.run_dir, run_id=args.run_id, progress=_progress("loading rank files"))
-    with _status(f"analyzing {len(run.spans):,} spans"):
-        a = analyze(run, steps=args.steps, skip_steps=args.skip_steps)
+    steps = StepRange.of(args.steps)
+    memory = None
+    if getattr(args, "memory_limit", None):
+        try:
+            memory = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise TraceError(f"--memory-limit: {exc}") from None
+    run = open_run(
+        args.run_dir,
+        run_id=args.run_id,
+        ranks=getattr(args, "ranks", None),
+        progress=_progress("opening rank files"),
+    )
+    with _rank_progress("analyzing ranks") as progress:
+        a = analyze(
+            run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
+            progress=progress,
+        )  # fmt: skip
     to_stdout = args.json == "-"
     notes = []
     if args.json:
@@ -541,16 +577,12 @@ def analyze_command(args: argparse.Namespace) -> int:
     for fmt, d in (("csv", args.csv), ("parquet", args.parquet)):
         if d:
             spans = run.spans
-            if args.steps is not None:
-                lo, hi = args.steps
-                m = spans["step"] >= lo
-                if hi is not None:
-                    m &= spans["step"] < hi
-                spans = spans[m]
+            if steps is not None:
+                spans = spans[steps.mask(spans["step"])]
             files = write_tables(a, d, fmt, spans=spans)
             notes.append(f"{fmt} tables: {len(files)} files in {d}")
     if args.timeline:
-        notes.append(_write_timeline(run, a, args.timeline, args.steps))
+        notes.append(_write_timeline(run, a, args.timeline, steps))
     if not to_stdout:
         print(format_report(a))
         if notes:
@@ -563,7 +595,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_timeline(run: Any, a: Analysis, path: str, steps: tuple[int, int | None] | None) -> str:
+def _write_timeline(run: Any, a: Analysis, path: str, steps: StepRange | None) -> str:
     try:
         from hvtrace.export.chrome import write_chrome_trace
     except ImportError as exc:

@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 
 def _usable(run_dir: Path) -> bool:
-    files = list(run_dir.glob("*.arrows"))
+    files = [p for p in run_dir.glob("rank*") if p.suffix in (".arrows", ".parquet")]
     return len(files) >= 2 and all(f.stat().st_size > 0 for f in files)
 
 

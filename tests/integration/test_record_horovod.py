@@ -172,7 +172,8 @@ def load_params(path: Path) -> dict:
 def test_both_ranks_recorded(plain: Job) -> None:
     run = plain.run
     files = sorted(p.name for p in plain.trace_dir.iterdir())
-    assert files == [f"rank0000{r}-{run.run_id}.arrows" for r in (0, 1)], files
+    # each rank closed its stream cleanly, and it was compacted into Parquet (the stream removed)
+    assert files == [f"rank0000{r}-{run.run_id}.parquet" for r in (0, 1)], files
     assert run.ranks == [0, 1] and run.size == 2
     assert run.missing_ranks == []
     assert run.complete, run.problems
@@ -187,7 +188,7 @@ def test_both_ranks_recorded(plain: Job) -> None:
 def test_rank_comes_from_inside_the_file(plain: Job, tmp_path: Path) -> None:
     """Swap the two files' names: each rank's spans still load as that rank."""
     run_id = plain.run.run_id
-    f0, f1 = (plain.trace_dir / f"rank0000{r}-{run_id}.arrows" for r in (0, 1))
+    f0, f1 = (plain.trace_dir / f"rank0000{r}-{run_id}.parquet" for r in (0, 1))
     shutil.copy(f0, tmp_path / f1.name)
     shutil.copy(f1, tmp_path / f0.name)
     swapped = load_run(tmp_path)

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hvtrace.cli import main as cli_main
-from hvtrace.schema import HEADER_KEY
+from hvtrace.record.writer import compact_run
+from hvtrace.schema import HEADER_KEY, TRACE_SUFFIXES
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 BALANCED = SAMPLES / "balanced_2rank"
@@ -31,10 +32,20 @@ DAMAGE_SETTINGS = settings(
     phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+#: Fewer examples for the compacted form (each also compacts the copied run first).
+PARQUET_SETTINGS = settings(DAMAGE_SETTINGS, max_examples=30)
 
 
 def _files(d: Path) -> list[Path]:
-    return sorted(d.glob("*.arrows"))
+    return sorted(p for p in d.iterdir() if p.suffix in TRACE_SUFFIXES)
+
+
+def _compacted(src: Path, dst: Path) -> Path:
+    """A copy of a sample run in the compacted form (``hvtrace compact``: Parquet files)."""
+    run = _copy(src, dst)
+    compact_run(run)
+    assert {p.suffix for p in _files(run)} == {".parquet"}
+    return run
 
 
 def _analyze(run_dir: Path, capsys: pytest.CaptureFixture, kind: str) -> tuple[int, str, str]:
@@ -74,6 +85,32 @@ def test_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
         assert victim.name in out + err, "a damaged file must be reported, not silently used"
 
 
+@PARQUET_SETTINGS
+@given(data=st.data())
+def test_compacted_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
+    run = _compacted(BALANCED, tmp_path / "run")
+    victim = data.draw(st.sampled_from(_files(run)))
+    raw = victim.read_bytes()
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    victim.write_bytes(raw[:cut])
+    rc, out, err = _analyze(run, capsys, "parquet truncation")
+    if rc == 0:  # a Parquet file cut anywhere loses its footer: reported, never silently used
+        assert victim.name in out + err
+
+
+@PARQUET_SETTINGS
+@given(data=st.data())
+def test_compacted_flipped_bytes(tmp_path: Path, capsys, data) -> None:
+    run = _compacted(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
+    victim = data.draw(st.sampled_from(_files(run)))
+    raw = bytearray(victim.read_bytes())
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    victim.write_bytes(bytes(raw))
+    _analyze(run, capsys, "parquet flipped bytes")
+
+
 @DAMAGE_SETTINGS
 @given(data=st.data())
 def test_flipped_bytes(tmp_path: Path, capsys, data) -> None:
@@ -91,6 +128,19 @@ def _rewrite_header(path: Path, edit) -> None:
     """Rewrite a trace file with its header JSON changed by ``edit`` (dict -> dict or bytes)."""
     import pyarrow as pa
 
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        meta = dict(pq.read_metadata(path).metadata)
+        meta.pop(b"ARROW:schema")
+        new = edit(json.loads(meta[HEADER_KEY]))
+        if new is None:
+            meta.pop(HEADER_KEY)
+        else:
+            meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
+        pq.write_table(table.replace_schema_metadata(meta), path)
+        return
     with pa.memory_map(str(path)) as src:
         reader = pa.ipc.open_stream(src)
         schema = reader.schema
@@ -121,8 +171,9 @@ HEADER_EDITS = {
 
 @pytest.mark.parametrize("edit", list(HEADER_EDITS), ids=list(HEADER_EDITS))
 @pytest.mark.parametrize("which", ["one", "all"])
-def test_bad_headers(tmp_path: Path, capsys, edit: str, which: str) -> None:
-    run = _copy(BALANCED, tmp_path / "run")
+@pytest.mark.parametrize("form", ["stream", "parquet"])
+def test_bad_headers(tmp_path: Path, capsys, edit: str, which: str, form: str) -> None:
+    run = (_copy if form == "stream" else _compacted)(BALANCED, tmp_path / "run")
     victims = _files(run)[:1] if which == "one" else _files(run)
     for v in victims:
         _rewrite_header(v, HEADER_EDITS[edit])

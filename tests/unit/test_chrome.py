@@ -15,7 +15,6 @@ from hvtrace.export.chrome import (
     RATIO_COUNTER,
     assign_lanes,
     chrome_events,
-    comm_compute_ratio,
     write_chrome_trace,
 )
 from hvtrace.load import RankFile, Run, TraceError, load_run
@@ -274,25 +273,25 @@ def test_counters_scalar_and_ratio() -> None:
     ]
 
 
-def test_comm_compute_ratio_is_union_over_compute() -> None:
-    rows = [  # rank 0 step 0: allreduces [0,10] [5,15] [20,25] -> union 20; compute 10 + 30
-        (0, 0, "allreduce", 0, 10),
-        (0, 0, "allreduce", 5, 15),
-        (0, 0, "allreduce", 20, 25),
-        (0, 0, "forward", 0, 10),
-        (0, 0, "backward", 10, 40),
-        (0, 0, "step", -5, 50),
-        (1, 0, "compute", 0, 100),
-        (1, 0, "allreduce", 50, 60),  # no model: compute spans
-        (1, 1, "allreduce", 200, 210),  # no compute: ratio NaN
-    ]
-    df = pd.DataFrame(rows, columns=["rank", "step", "kind", "start_ns", "end_ns"])
-    out = comm_compute_ratio(df).set_index(["rank", "step"])
-    assert out.loc[(0, 0), "comm_ns"] == 20 and out.loc[(0, 0), "compute_ns"] == 40
-    assert out.loc[(0, 0), "comm_compute_ratio"] == pytest.approx(0.5)
-    assert out.loc[(0, 0), "start_ns"] == -5  # the step span's start
-    assert out.loc[(1, 0), "comm_compute_ratio"] == pytest.approx(0.1)
-    assert np.isnan(out.loc[(1, 1), "comm_compute_ratio"])
+def test_ratio_counter_renders_the_analysis_step_table() -> None:
+    """The export draws the analysis's comm/compute ratio; it never computes its own."""
+    from hvtrace.analysis.steps import step_table
+
+    spans = make_spans(ranks=3, steps=4, tensors=3)
+    st = step_table(spans)
+    t0 = int(spans["start_ns"].min())
+    want = sorted(
+        (int(r.rank), round((int(r.start_ns) - t0) / 1e3, 3), round(float(r.comm_compute_ratio), 9))
+        for r in st.itertuples()
+        if np.isfinite(r.comm_compute_ratio)
+    )
+    events = list(chrome_events(spans))
+    got = sorted(
+        (e["pid"], round(e["ts"], 3), round(e["args"]["ratio"], 9))
+        for e in events
+        if e["ph"] == "C" and e["name"] == RATIO_COUNTER
+    )
+    assert got == want and len(got) == 3 * 4
 
 
 def test_gzip_round_trip(tmp_path: Path) -> None:
@@ -504,3 +503,18 @@ def test_real_trace_files(tmp_path: Path) -> None:
     assert len([e for e in ev if e["ph"] == "C" and e["name"] == "loss"]) == 6
     lanes = {e["args"]["name"] for e in ev if e["name"] == "thread_name"}
     assert {"step", "compute", "wait", "update", "allreduce 0", "allreduce 1"} <= lanes
+
+
+def test_collectives_are_the_analysis_collectives() -> None:
+    """One collective per (step, tensor), as hvtrace.analysis.bandwidth counts them."""
+    from hvtrace.analysis.bandwidth import collective_table
+
+    spans = make_spans(ranks=3, steps=3, tensors=4)
+    ids = {
+        (e["args"]["step"], e["name"], e["args"]["collective"])
+        for e in chrome_events(spans)
+        if e["ph"] == "X" and "collective" in e.get("args", {})
+    }
+    coll = collective_table(spans)
+    assert len({c for _, _, c in ids}) == len(coll) == 3 * 4
+    assert {(s, n) for s, n, _ in ids} == set(zip(coll["step"], coll["name"]))

@@ -165,13 +165,14 @@ def test_timeline_hover_names_tensor_bytes_and_duration():
     hover = _hover(fig)
     assert len(hover) == sum(len(t.x) // 4 for t in fig.data)
     ar = [h for h in hover if h.startswith("allreduce|")]
-    assert any("layer1.weight · float32|" in h and h.endswith("|8192") for h in ar)
+    assert any("layer1.weight · float32 · 8.0 KiB|" in h and h.endswith("|8192") for h in ar)
     assert all("|step 0|" in h for h in hover)
     fwd = [h for h in hover if h.startswith("forward|")]
     assert any("|rank 1|" in h and "|38.000 ms|" in h for h in fwd)  # rank 1's slow forward
-    ar_trace = next(t for t in fig.data if t.name == "allreduce")
-    assert "customdata[3]" in ar_trace.hovertemplate  # bytes shown for allreduces only
-    assert all("customdata[3]" not in t.hovertemplate for t in fig.data if t.name != "allreduce")
+    # bytes shown for allreduces only, in the report's units (hvtrace.units.format_bytes)
+    assert all(h.split("|")[1].endswith(" KiB") for h in ar)
+    assert not any("KiB" in h or "kB" in h for h in hover if not h.startswith("allreduce|"))
+    assert all("customdata[3]" not in t.hovertemplate for t in fig.data)
 
 
 def test_timeline_merges_allreduces_when_tensor_lanes_would_be_thinner_than_a_pixel():
@@ -182,7 +183,7 @@ def test_timeline_merges_allreduces_when_tensor_lanes_would_be_thinner_than_a_pi
     assert "allreduces merged per step" in fig.layout.title.text
     ar = next(t for t in fig.data if t.name == "allreduce")
     assert len(ar.x) == 4 * 64  # one bar per rank and step
-    assert all(s == "16 tensors (merged)" for s in ar.text[0::4])
+    assert all(s == "16 tensors (merged) · 256.0 MiB" for s in ar.text[0::4])
     # the envelope covers every tensor of the step: first enqueue to last completion
     one = spans[(spans["rank"] == 5) & (spans["kind"] == "allreduce")]
     t0 = int(spans["start_ns"].min())

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from helpers import make_header, row, status, write_rank_file
 
-from hvtrace.load import TraceError, load_run, read_header, read_rank_file
+from hvtrace.load import TraceError, load_run, open_run, read_header, read_rank_file
 from hvtrace.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
 
 RUN = "20240101-000000-abcdef"
@@ -409,3 +409,184 @@ def test_unclosed_file_without_status(tmp_path: Path) -> None:
     assert rf.spans == sum(len(b) for b in _batches())
     assert not rf.complete and not rf.truncated
     assert rf.last_step == 2
+
+
+# -- the compacted form: Parquet ------------------------------------------------------------------
+def _sorted_expected(batches: list[list[tuple]]) -> dict[str, list]:
+    """Expected columns of the Parquet form: the rows sorted stably by (step, start_ns)."""
+    rows = sorted((r for b in batches for r in b), key=lambda r: (r[0], r[COL_POS["start_ns"]]))
+    return _expected_columns([rows])
+
+
+def test_round_trip_parquet(good_file, tmp_path: Path) -> None:
+    from hvtrace.record.writer import compact
+
+    path, header, batches, _ = good_file
+    res = compact(path)
+    assert res.done and res.target == path.with_suffix(".parquet") and not path.exists()
+    rf = read_rank_file(res.target)
+    assert rf.format == "parquet" and rf.header == header and rf.rank == 0
+    assert rf.complete and not rf.truncated and rf.dropped == 0
+    assert rf.spans == sum(len(b) for b in batches)
+    assert rf.table.schema.equals(FILE_SCHEMA, check_metadata=False)
+    _assert_values({c: rf.table.column(c).to_pylist() for c in COLUMNS}, _sorted_expected(batches))
+    run = load_run(path.parent)
+    assert run.complete and run.problems == [] and run.ranks == [0]
+    _assert_values({c: run.spans[c].tolist() for c in COLUMNS}, _sorted_expected(batches))
+    for c in ("kind", "name", "dtype"):
+        assert run.spans[c].dtype == "category", c
+
+
+def test_parquet_readable_with_plain_pyarrow(good_file) -> None:
+    """The documented recipe for the compacted form, with no hvtrace code involved in reading."""
+    import pyarrow.parquet as pq
+
+    from hvtrace.record.writer import compact
+
+    path, header, batches, _ = good_file
+    target = compact(path).target
+    meta = pq.read_metadata(target).metadata  # the footer's key-value metadata
+    assert json.loads(meta[b"hvtrace"]) == header
+    st = json.loads(meta[b"hvtrace.status"])
+    assert st["final"] is True and st["spans"] == sum(len(b) for b in batches)
+    table = pq.read_table(target)
+    assert table.schema.field("name").type == pa.dictionary(pa.int32(), pa.string())
+    df = table.to_pandas()
+    assert list(df.columns) == list(COLUMNS)
+    _assert_values({c: df[c].tolist() for c in COLUMNS}, _sorted_expected(batches))
+
+
+def test_parquet_readable_with_duckdb(tmp_path: Path) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    from hvtrace.record.writer import compact
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for r in (0, 1):
+        p = run_dir / f"rank{r:05d}-{RUN}.arrows"
+        write_rank_file(p, make_header(r, 2, RUN), _batches())
+        compact(p)
+    con = duckdb.connect()
+    glob = str(run_dir / "*.parquet")
+    got = con.execute(
+        f"SELECT filename, step, kind, count(*) AS n, sum(bytes) AS bytes "
+        f"FROM read_parquet('{glob}', filename = true) "
+        f"WHERE kind = 'allreduce' GROUP BY ALL ORDER BY filename, step"
+    ).fetchall()
+    assert [(Path(f).name[:9], s, k, n, b) for f, s, k, n, b in got] == [
+        (f"rank0000{r}", s, "allreduce", 2, nb) for r in (0, 1) for s, nb in ((0, 4160), (1, 2056))
+    ]
+    meta = con.execute(
+        f"SELECT file_name, decode(value) FROM parquet_kv_metadata('{glob}') "
+        f"WHERE decode(key) = 'hvtrace' ORDER BY file_name"
+    ).fetchall()
+    assert [json.loads(v)["rank"] for _, v in meta] == [0, 1]
+
+
+def _write_parquet(path: Path, table: pa.Table, meta: dict[bytes, bytes]) -> Path:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    return path
+
+
+def _good_table() -> pa.Table:
+    from hvtrace.record.writer import BatchEncoder
+
+    return pa.Table.from_batches([BatchEncoder().encode(b) for b in _batches()])
+
+
+def _hdr(rank: int = 0, size: int = 1, **kw) -> dict[bytes, bytes]:
+    return {HEADER_KEY: json.dumps(make_header(rank, size, RUN, **kw)).encode()}
+
+
+PARQUET_CASES = {
+    "no header": ({}, None, "no hvtrace header"),
+    "header not json": ({HEADER_KEY: b"{nope"}, None, "not valid JSON"),
+    "version 2": (_hdr(version=2), None, "version 2"),
+    "rank outside size": (_hdr(3, 2), None, "outside size"),
+    "wrong columns": (
+        _hdr(),
+        pa.table({"step": pa.array([1], pa.int32()), "what": pa.array(["x"])}),
+        "span columns do not match",
+    ),
+    "strings, not dictionaries": (_hdr(), "plain", "span columns do not match"),
+}
+
+
+@pytest.mark.parametrize("case", list(PARQUET_CASES), ids=list(PARQUET_CASES))
+def test_bad_parquet_raises_one_line_trace_error(tmp_path: Path, case: str) -> None:
+    meta, table, match = PARQUET_CASES[case]
+    if table is None:
+        table = _good_table()
+    elif isinstance(table, str):
+        table = _good_table()
+        for c in ("kind", "name", "dtype"):
+            i = table.schema.get_field_index(c)
+            table = table.set_column(i, c, table.column(c).cast(pa.string()))
+    path = _write_parquet(tmp_path / f"rank00000-{RUN}.parquet", table, meta)
+    for read in (read_header, read_rank_file):
+        with pytest.raises(TraceError, match=match) as ei:
+            read(path)
+        _assert_trace_error(ei.value, path)
+    with pytest.raises(TraceError, match=match) as ei:
+        load_run(tmp_path)
+    _assert_trace_error(ei.value, path)
+
+
+@pytest.mark.parametrize("what", ["empty", "junk", "magic only", "cut"])
+def test_damaged_parquet_file_raises_one_line_trace_error(good_file, tmp_path, what) -> None:
+    from hvtrace.record.writer import compact
+
+    path = compact(good_file[0]).target
+    data = path.read_bytes()
+    bad = tmp_path / "bad" / path.name
+    bad.parent.mkdir()
+    variants = {
+        "empty": [b""],
+        "junk": [b"this is not a Parquet file\n" * 20],
+        "magic only": [b"PAR1" + b"\0" * 100 + b"PAR1"],
+        "cut": [data[:n] for n in (4, 100, len(data) // 2, len(data) - 9, len(data) - 1)],
+    }
+    for content in variants[what]:
+        bad.write_bytes(content)
+        with pytest.raises(TraceError) as ei:
+            read_rank_file(bad)
+        _assert_trace_error(ei.value, bad)
+        with pytest.raises(TraceError) as ei:
+            load_run(bad.parent)
+        _assert_trace_error(ei.value, bad)
+
+
+def test_damaged_row_group_keeps_what_is_readable(tmp_path: Path) -> None:
+    """A Parquet file whose data is damaged after its first row group: the first is kept."""
+    import pyarrow.parquet as pq
+
+    from hvtrace.record.writer import compact
+
+    path = tmp_path / f"rank00000-{RUN}.arrows"
+    rows = [row("allreduce", f"t{i}", i, i + 5, step=i // 10, nbytes=i) for i in range(300)]
+    write_rank_file(path, make_header(0, 1, RUN), [rows[:150], rows[150:]])
+    target = compact(path, row_group_rows=100).target
+    md = pq.read_metadata(target)
+    assert md.num_row_groups == 3
+    rg1 = md.row_group(1)
+    start = min(rg1.column(i).data_page_offset for i in range(rg1.num_columns))
+    end = max(
+        rg1.column(i).data_page_offset + rg1.column(i).total_compressed_size
+        for i in range(rg1.num_columns)
+    )
+    raw = bytearray(target.read_bytes())
+    for i in range(start + 8, end, 7):
+        raw[i] ^= 0x5A
+    target.write_bytes(bytes(raw))
+    rf = read_rank_file(target, read_spans=False)
+    assert rf.n_spans == 300 and not rf.truncated  # the footer is intact
+    full = read_rank_file(target)
+    assert full.truncated and full.spans == 100
+    assert full.table.column("bytes").to_pylist()[:100] == list(range(100))
+    run = load_run(tmp_path)
+    assert any("truncated" in p for p in run.problems), run.problems
+    lazy = open_run(tmp_path)
+    assert len(lazy.spans) == full.spans and lazy.files[0].truncated
+    assert any("unreadable" in p for p in lazy.problems), lazy.problems

@@ -61,6 +61,13 @@ def _rows(rf) -> list[dict]:
     return rf.table.to_pylist()
 
 
+def _closed(rec: Recorder) -> Path:
+    """The rank's file: the Parquet file a cleanly closed stream was compacted into, else the
+    stream itself (still open, or left as written)."""
+    parquet = rec.path.with_suffix(".parquet")
+    return parquet if parquet.exists() else rec.path
+
+
 def test_add_close_writes_final_complete_file(tmp_path: Path, recorders) -> None:
     rec = recorders(tmp_path / "trace", flush_interval_s=NEVER)
     assert rec.enabled
@@ -74,19 +81,20 @@ def test_add_close_writes_final_complete_file(tmp_path: Path, recorders) -> None
     assert not rec.enabled
     rec.close()  # idempotent
 
-    rf = read_rank_file(rec.path)
+    rf = read_rank_file(_closed(rec))
+    assert rf.format == "parquet" and not rec.path.exists()  # compacted when closed
     assert rf.complete and not rf.truncated
     assert rf.dropped == 0
     assert rf.header == rec.header
-    rows = _rows(rf)
+    rows = _rows(rf)  # the compacted file is sorted by (step, start_ns)
     assert [(r["kind"], r["name"], r["step"], r["micro"]) for r in rows] == [
         ("forward", "forward", 0, 0),
-        ("allreduce", "net.0.weight", 1, 1),
         ("scalar", "loss", 0, 1),
+        ("allreduce", "net.0.weight", 1, 1),
     ]
-    assert [(r["start_ns"], r["end_ns"]) for r in rows] == [(100, 200), (300, 400), (500, 500)]
-    assert rows[1]["bytes"] == 1024 and rows[1]["dtype"] == "float16" and rows[1]["flags"] == 2
-    assert rows[2]["value"] == 0.5 and math.isnan(rows[0]["value"])
+    assert [(r["start_ns"], r["end_ns"]) for r in rows] == [(100, 200), (500, 500), (300, 400)]
+    assert rows[2]["bytes"] == 1024 and rows[2]["dtype"] == "float16" and rows[2]["flags"] == 2
+    assert rows[1]["value"] == 0.5 and math.isnan(rows[0]["value"])
     assert rf.last_step == 1
     run = load_run(tmp_path / "trace")
     assert run.complete and run.problems == []
@@ -101,7 +109,7 @@ def test_writer_thread_flushes_periodically(tmp_path: Path, recorders) -> None:
     spans = 0
     while time.monotonic() < deadline:
         if rec.path.exists() and rec.path.stat().st_size > 0:
-            rf = read_rank_file(rec.path)
+            rf = read_rank_file(_closed(rec))
             spans = rf.spans
             if spans == 5:
                 break
@@ -109,7 +117,7 @@ def test_writer_thread_flushes_periodically(tmp_path: Path, recorders) -> None:
     assert spans == 5
     assert not rf.complete  # still open
     rec.close()
-    assert read_rank_file(rec.path).complete
+    assert read_rank_file(_closed(rec)).complete
 
 
 def test_full_buffer_drops_and_counts(tmp_path: Path, recorders) -> None:
@@ -118,7 +126,7 @@ def test_full_buffer_drops_and_counts(tmp_path: Path, recorders) -> None:
         rec.add(KIND_CODE["user"], f"s{i}", i, i + 1)
     assert rec.dropped == 15
     rec.close()
-    rf = read_rank_file(rec.path)
+    rf = read_rank_file(_closed(rec))
     assert rf.dropped == 15
     assert rf.spans == 10
     assert [r["name"] for r in _rows(rf)] == [f"s{i}" for i in range(10)]  # the first ones kept
@@ -142,7 +150,7 @@ def test_add_groups_keeps_what_fits_and_counts_the_rest(tmp_path: Path, recorder
     rec.add_groups(ar, [(5, 0, 1, ["v"], [0], [1])])
     assert rec.dropped == 3
     rec.close()
-    rows = _rows(read_rank_file(rec.path))
+    rows = _rows(read_rank_file(_closed(rec)))
     assert [r["name"] for r in rows] == ["first"] + [f"t{i}" for i in range(6)] + ["u0", "u1", "w0"]
     t2 = rows[3]
     assert (t2["step"], t2["kind"], t2["start_ns"], t2["end_ns"], t2["bytes"], t2["flags"]) == (
@@ -158,9 +166,10 @@ def test_buffer_frees_up_after_a_flush(tmp_path: Path, recorders) -> None:
     for i in range(3):
         rec.add(KIND_CODE["user"], f"b{i}", i, i)
     rec.close()
-    rf = read_rank_file(rec.path)
+    rf = read_rank_file(_closed(rec))
     assert rf.dropped == 2
-    assert [r["name"] for r in _rows(rf)] == ["a0", "a1", "a2", "a3", "b0", "b1", "b2"]
+    names = sorted(r["name"] for r in _rows(rf))  # (the compacted file is in step order)
+    assert names == ["a0", "a1", "a2", "a3", "b0", "b1", "b2"]
 
 
 def test_unwritable_trace_dir_disables_with_one_warning(
@@ -218,7 +227,7 @@ def test_span_context_manager_and_decorator(tmp_path: Path, recorders) -> None:
         raise ValueError("boom")
 
     rec.close()
-    rows = _rows(read_rank_file(rec.path))
+    rows = _rows(read_rank_file(_closed(rec)))
     assert all(r["kind"] == "user" for r in rows)
     assert [(r["name"], r["step"]) for r in rows] == [
         ("data", 3),
@@ -245,7 +254,7 @@ def test_scalar_records_value_and_step(tmp_path: Path, recorders) -> None:
     rec.between_steps = False
     hvtrace.scalar("lr", 3)
     rec.close()
-    rows = _rows(read_rank_file(rec.path))
+    rows = _rows(read_rank_file(_closed(rec)))
     assert [(r["kind"], r["name"], r["step"], r["value"]) for r in rows] == [
         ("scalar", "loss", 5, 1.25),
         ("scalar", "loss", 5, 0.75),
@@ -279,7 +288,7 @@ def test_span_and_scalar_are_noops_without_active_recorder(tmp_path: Path, recor
     assert len(rec._buf) == 0
     rec.enabled = True
     rec.close()
-    assert read_rank_file(rec.path).spans == 0
+    assert read_rank_file(_closed(rec)).spans == 0
 
 
 def test_writer_error_disables_and_keeps_flushed_spans(
@@ -310,7 +319,7 @@ def test_writer_error_disables_and_keeps_flushed_spans(
     assert "tracing disabled" in msgs[0] and "No space left" in msgs[0]
 
     monkeypatch.undo()
-    rf = read_rank_file(rec.path)
+    rf = read_rank_file(_closed(rec))
     assert [r["name"] for r in _rows(rf)] == [f"ok{i}" for i in range(5)]
     assert not rf.truncated
     assert not rf.complete  # no final batch could be written

@@ -1,0 +1,490 @@
+"""The analysis engine: a per-rank pass on DuckDB, then a small cross-rank pass.
+
+A run of any size is analyzed without ever holding its spans in one frame:
+
+1. **Per-rank pass** (:func:`rank_pass`): for a group of rank files, DuckDB reads only the row
+   groups and columns asked for (a Parquet file's row groups are skipped by their step
+   statistics) and reduces the spans to summaries about 100x smaller:
+
+   - per (rank, step): :func:`hvtrace.analysis.steps.step_rows` (phases, allreduce union and
+     overlap, arrival), computed on the group's numeric columns;
+   - per (rank, step, user span name): time and count;
+   - per (step, tensor), over the group's ranks: partial collective aggregates (earliest and
+     latest enqueue, earliest completion, bytes, count), which combine across groups.
+
+   Times are moved onto rank 0's clock here, per (rank, step): the offset is interpolated at the
+   step's start (drift within one step is parts per million of it). Each group is independent:
+   the local engine runs groups one after the other in one process; a cluster engine can run
+   them as tasks.
+2. **Cross-rank pass** (:func:`cross_rank`): joins the summaries: step completeness, arrival
+   lateness, collective times and bandwidth. Stragglers, findings and the rest of
+   :class:`hvtrace.analysis.model.Analysis` are computed from these tables by the same functions
+   whatever made them.
+
+DuckDB runs with a memory limit (default a quarter of the machine's memory) and spills to a
+private directory under the system temp dir, never inside the run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis.bandwidth import finish_collectives
+from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
+from hvtrace.clock import offset_at
+from hvtrace.schema import KINDS
+from hvtrace.selection import StepRange
+
+log = logging.getLogger("hvtrace.engine")
+
+#: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
+GROUP_SPANS = 4_000_000
+
+#: Kind code as in :data:`hvtrace.schema.KINDS`; -1 for hvtrace's own spans and unknown kinds.
+_KIND_CODE_SQL = (
+    "CASE kind "
+    + " ".join(
+        f"WHEN '{k}' THEN {i}"
+        if k != "user"
+        else f"WHEN 'user' THEN (CASE WHEN starts_with(name, '{INTERNAL_PREFIX}') THEN -1 "
+        f"ELSE {i} END)"
+        for i, k in enumerate(KINDS)
+    )
+    + " ELSE -1 END::SMALLINT"
+)
+_USER_SQL = f"kind = 'user' AND NOT starts_with(name, '{INTERNAL_PREFIX}')"
+
+
+def default_memory_limit_bytes() -> int:
+    """A quarter of the machine's physical memory (at least 256 MiB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 4 << 30
+    return max(total // 4, 256 << 20)
+
+
+def parse_size(text: str) -> int:
+    """Parse a memory size: ``2GB``, ``512MiB``, ``1.5G``, or a number of bytes."""
+    t = text.strip().upper().replace(" ", "")
+    units = {
+        "TIB": 1 << 40, "GIB": 1 << 30, "MIB": 1 << 20, "KIB": 1 << 10,
+        "TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3,
+        "T": 1 << 40, "G": 1 << 30, "M": 1 << 20, "K": 1 << 10, "B": 1,
+    }  # fmt: skip
+    unit = next((u for u in units if t.endswith(u)), "")
+    num, mult = (t[: -len(unit)], units[unit]) if unit else (t, 1)
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a memory size (e.g. 2GB, 512MiB)") from None
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a positive memory size")
+    return int(value * mult)
+
+
+@dataclass
+class RankSource:
+    """One rank's spans as the engine reads them.
+
+    ``parquet``: a compacted file's path (DuckDB reads it directly, skipping row groups);
+    otherwise ``table``: an Arrow table (an IPC stream read by :mod:`hvtrace.load`, or a span
+    frame). ``clock``: the estimates that move its times onto rank 0's clock (empty: already
+    there). ``rank`` None: the table has its own ``rank`` column (a whole span frame).
+    """
+
+    rank: int | None
+    n_spans: int
+    parquet: str | None = None
+    table: Any = None
+    clock: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class GroupSummary:
+    """What :func:`rank_pass` returns for one group of ranks (all small)."""
+
+    steps: pd.DataFrame  # step_rows, on rank 0's clock
+    users: pd.DataFrame  # rank, step, name, dur_ns, count
+    collectives: pd.DataFrame  # partial per (step, name); combine with finish_collectives
+    spans_read: int = 0
+    row_groups_read: int = 0
+    row_groups_total: int = 0
+
+
+class Engine:
+    """A DuckDB connection set up for the analysis: memory limit, spill directory, threads.
+
+    Use as a context manager; the spill directory (under the system temp dir) is removed on exit.
+    """
+
+    def __init__(self, memory_limit_bytes: int | None = None, threads: int | None = None) -> None:
+        import duckdb
+
+        self.memory_limit_bytes = int(memory_limit_bytes or default_memory_limit_bytes())
+        self.spill_dir = tempfile.mkdtemp(prefix="hvtrace-duckdb-")
+        self.con = duckdb.connect(":memory:")
+        self.con.execute(f"SET memory_limit = '{self.memory_limit_bytes // (1 << 20)}MiB'")
+        self.con.execute("SET temp_directory = ?", [self.spill_dir])
+        self.con.execute("SET preserve_insertion_order = true")
+        self.con.execute("SET parquet_metadata_cache = true")
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
+        self._views = 0
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and remove the spill directory."""
+        try:
+            self.con.close()
+        finally:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+    def _source(
+        self, sources: Sequence[RankSource], offsets: dict[int, int] | None = None
+    ) -> tuple[str, dict[str, Any], list[str]]:
+        """Return ``(sql, params, registered)``: one relation of ``sources`` with a rank column.
+
+        Parquet files are read by one ``read_parquet`` (paths are parameters, never spliced into
+        SQL) and their rank looked up by file index; in-memory tables are registered. With
+        ``offsets`` (rank -> constant clock offset, ns) the relation has an ``off_ns`` column.
+        """
+        parts: list[str] = []
+        params: dict[str, Any] = {}
+        registered: list[str] = []
+        cols = "step, kind, name, start_ns, end_ns, bytes, dtype"
+        files = [s for s in sources if s.parquet is not None]
+        if files:
+            params["files"] = [str(s.parquet) for s in files]
+            params["ranks"] = [int(s.rank if s.rank is not None else -1) for s in files]
+            off = ""
+            if offsets is not None:
+                params["offs"] = [int(offsets.get(int(r), 0)) for r in params["ranks"]]
+                off = "list_extract($offs, file_index::INTEGER + 1)::BIGINT AS off_ns, "
+            parts.append(
+                "SELECT list_extract($ranks, file_index::INTEGER + 1)::INTEGER AS rank, "
+                f"{off}{cols} FROM read_parquet($files)"
+            )
+        for s in sources:
+            if s.parquet is not None:
+                continue
+            self._views += 1
+            raw = f"hv_table_{self._views}"
+            self.con.register(raw, s.table)
+            registered.append(raw)
+            rank = "rank::INTEGER AS rank" if s.rank is None else f"{int(s.rank)}::INTEGER AS rank"
+            off = ""
+            if offsets is not None:
+                o = int(offsets.get(int(s.rank), 0)) if s.rank is not None else 0
+                off = f"{o}::BIGINT AS off_ns, "
+            parts.append(f"SELECT {rank}, {off}{cols} FROM {raw}")
+        return " UNION ALL ".join(parts), params, registered
+
+    def rank_pass(self, sources: Sequence[RankSource], steps: StepRange | None) -> GroupSummary:
+        """Run the per-rank pass over ``sources`` (one group); see the module docstring.
+
+        The three stages (:meth:`fetch`, :func:`reduce_steps`, :meth:`group_tables`) run one
+        after the other; :func:`summarize` overlaps them across groups.
+        """
+        cols = self.fetch(sources, steps)
+        rows, offsets, n_read = reduce_steps(cols, sources)
+        del cols
+        return self.group_tables(sources, steps, rows, offsets, n_read)
+
+    def fetch(self, sources: Sequence[RankSource], steps: StepRange | None) -> dict[str, Any]:
+        """Stage 1 (DuckDB): the group's spans that are a step's work, as numpy columns
+        ``rank``, ``step``, ``k`` (kind code), ``start_ns``, ``end_ns``, ``bytes``."""
+        src, params, registered = self._source(sources)
+        try:
+            where = steps.sql("step") if steps is not None else "TRUE"
+            table = self.con.sql(
+                f"SELECT rank, step, {_KIND_CODE_SQL} AS k, start_ns, end_ns, bytes "
+                f"FROM ({src}) WHERE {where} AND kind NOT IN ('scalar', 'clock')",
+                params=params,
+            ).to_arrow_table()
+        finally:
+            self._unregister(registered)
+        return {c: table.column(c).to_numpy() for c in table.column_names}
+
+    def group_tables(
+        self,
+        sources: Sequence[RankSource],
+        steps: StepRange | None,
+        rows: pd.DataFrame,
+        offsets: pd.DataFrame,
+        n_read: int,
+    ) -> GroupSummary:
+        """Stage 3 (DuckDB): partial collectives (times moved by ``offsets``) and user time."""
+        con = self.con
+        registered: list[str] = []
+        try:
+            src, params, reg = self._source(sources)
+            registered += reg
+            where = steps.sql("step") if steps is not None else "TRUE"
+            s_where = steps.sql("s.step") if steps is not None else "TRUE"
+            constant = _constant_offsets(offsets)
+            agg = """SELECT s.step, s.name, count(*) AS n_spans, max(s.bytes) AS bytes,
+                       any_value(s.dtype) AS dtype, min(s.start_ns - off_ns) AS first_start_ns,
+                       max(s.start_ns - off_ns) AS last_start_ns,
+                       min(s.end_ns - off_ns) AS end_ns"""
+            where_ar = f"WHERE s.kind = 'allreduce' AND {s_where} GROUP BY s.step, s.name"
+            if constant is not None:  # one offset per rank: a column of the scan, no join
+                osrc, oparams, reg = self._source(sources, constant)
+                registered += reg
+                coll = con.execute(f"{agg} FROM ({osrc}) s {where_ar}", oparams).df()
+            else:  # clock drift: the offset of each (rank, step)
+                con.register("hv_offsets", offsets)
+                registered.append("hv_offsets")
+                coll = con.execute(
+                    f"{agg} FROM ({src}) s JOIN hv_offsets o "
+                    f"ON s.rank = o.rank AND s.step = o.step {where_ar}",
+                    params,
+                ).df()
+            users = con.execute(
+                f"""SELECT rank, step, name,
+                       sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count
+                FROM ({src}) WHERE {_USER_SQL} AND {where}
+                GROUP BY rank, step, name ORDER BY rank, step, name""",
+                params,
+            ).df()
+        finally:
+            self._unregister(registered)
+        rg_read, rg_total = _row_groups(sources, steps)
+        return GroupSummary(rows, users, coll, n_read, rg_read, rg_total)
+
+    def _unregister(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.con.unregister(name)
+
+
+def reduce_steps(
+    cols: dict[str, Any], sources: Sequence[RankSource]
+) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """Stage 2 (numpy): :func:`~hvtrace.analysis.steps.step_rows` of the fetched columns, moved
+    onto rank 0's clock. Returns ``(rows, offsets, spans_read)``."""
+    rows = step_rows(
+        np.asarray(cols["rank"]),
+        np.asarray(cols["step"]),
+        np.asarray(cols["k"]),
+        np.asarray(cols["start_ns"]),
+        np.asarray(cols["end_ns"]),
+        np.asarray(cols["bytes"]),
+    )
+    offsets = _align(rows, sources)
+    return rows, offsets, len(cols["k"])
+
+
+def _align(rows: pd.DataFrame, sources: Sequence[RankSource]) -> pd.DataFrame:
+    """Move ``rows``' times onto rank 0's clock in place; return the (rank, step, off_ns) used."""
+    clocks = {int(s.rank): s.clock for s in sources if s.rank is not None and s.clock}
+    off = np.zeros(len(rows), np.int64)
+    if clocks:
+        rank = rows["rank"].to_numpy()
+        start = rows["start_ns"].to_numpy(dtype=np.int64)
+        for r, est in clocks.items():
+            m = rank == r
+            if m.any():
+                off[m] = offset_at(est, start[m])
+    if off.any():
+        rows["start_ns"] = rows["start_ns"].to_numpy(dtype=np.int64) - off
+        rows["end_ns"] = rows["end_ns"].to_numpy(dtype=np.int64) - off
+        rows["arrival_ns"] = rows["arrival_ns"] - off
+    return pd.DataFrame(
+        {
+            "rank": rows["rank"].to_numpy(np.int64),
+            "step": rows["step"].to_numpy(np.int64),
+            "off_ns": off,
+        }
+    )
+
+
+def _constant_offsets(offsets: pd.DataFrame) -> dict[int, int] | None:
+    """Return rank -> offset when each rank's offset is the same in all its steps, else None."""
+    if offsets.empty:
+        return {}
+    g = offsets.groupby("rank")["off_ns"]
+    lo, hi = g.min(), g.max()
+    if (lo != hi).any():
+        return None
+    return {int(r): int(v) for r, v in lo.items()}
+
+
+def _row_groups(sources: Sequence[RankSource], steps: StepRange | None) -> tuple[int, int]:
+    """Return (row groups whose step statistics meet ``steps``, row groups in total)."""
+    import pyarrow.parquet as pq
+
+    read = total = 0
+    for s in sources:
+        if s.parquet is None:
+            continue
+        try:
+            md = pq.ParquetFile(s.parquet).metadata
+        except Exception:  # noqa: BLE001 - counting only; DuckDB reported any real error
+            continue
+        idx = md.schema.to_arrow_schema().get_field_index("step")
+        for i in range(md.num_row_groups):
+            total += 1
+            st = md.row_group(i).column(idx).statistics
+            if (
+                steps is None
+                or st is None
+                or not st.has_min_max
+                or steps.overlaps(int(st.min), int(st.max))
+            ):
+                read += 1
+    return read, total
+
+
+def groups(
+    sources: Sequence[RankSource], max_spans: int = GROUP_SPANS
+) -> Iterator[list[RankSource]]:
+    """Split ``sources`` into consecutive groups of at most ``max_spans`` spans (at least one)."""
+    group: list[RankSource] = []
+    n = 0
+    for s in sources:
+        if group and n + s.n_spans > max_spans:
+            yield group
+            group, n = [], 0
+        group.append(s)
+        n += s.n_spans
+    if group:
+        yield group
+
+
+@dataclass
+class Summaries:
+    """The cross-rank tables every metric is computed from (see :func:`cross_rank`)."""
+
+    steps: pd.DataFrame  # hvtrace.analysis.steps.finish_steps
+    users: pd.DataFrame  # hvtrace.analysis.steps.user_table's columns
+    collectives: pd.DataFrame  # hvtrace.analysis.bandwidth.collective_table's columns
+    spans_read: int = 0
+    row_groups_read: int = 0
+    row_groups_total: int = 0
+
+
+def cross_rank(parts: Sequence[GroupSummary], n_ranks: int | None = None) -> Summaries:
+    """Join the groups' summaries: complete steps, lateness, collectives (see module doc)."""
+    steps = finish_steps(pd.concat([p.steps for p in parts], ignore_index=True), n_ranks)
+    users = pd.concat([p.users for p in parts], ignore_index=True)
+    users = users.astype(
+        {"rank": np.int64, "step": np.int64, "dur_ns": np.int64, "count": np.int64}
+    )
+    coll = finish_collectives(pd.concat([p.collectives for p in parts], ignore_index=True))
+    return Summaries(
+        steps,
+        users,
+        coll,
+        sum(p.spans_read for p in parts),
+        sum(p.row_groups_read for p in parts),
+        sum(p.row_groups_total for p in parts),
+    )
+
+
+def sources_for_run(run: Any) -> list[RankSource]:
+    """Return the engine's sources for an opened :class:`hvtrace.Run` (by rank).
+
+    A compacted file is read by DuckDB from its path; a stream (live or crashed rank) from the
+    table :mod:`hvtrace.load` read.
+    """
+    out = []
+    for r, rf in sorted(run.files.items()):
+        if getattr(rf, "format", "arrows") == "parquet":
+            out.append(RankSource(int(r), int(rf.n_spans), parquet=str(rf.path), clock=rf.clock))
+        else:
+            out.append(RankSource(int(r), int(rf.table.num_rows), table=rf.table, clock=rf.clock))
+    return out
+
+
+class EngineError(Exception):
+    """The engine could not read a group of files (``str()``: DuckDB's first line)."""
+
+
+def summarize(
+    sources: Sequence[RankSource],
+    steps: StepRange | None = None,
+    *,
+    n_ranks: int | None = None,
+    memory_limit_bytes: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_group_spans: int = GROUP_SPANS,
+    repair: Callable[[list[RankSource]], list[RankSource]] | None = None,
+) -> Summaries:
+    """Run both passes locally over ``sources``: the local DuckDB engine.
+
+    Groups run one after the other, pipelined: while numpy reduces one group's spans, DuckDB
+    (on a worker thread that alone uses the connection) reads the next group and aggregates the
+    previous one, so both cores work. At most two groups' spans are in memory at once.
+    ``progress(done, total)`` is called after each group with the ranks done so far.
+    When DuckDB cannot read a group (a damaged file), ``repair(group)`` returns sources to use
+    instead (say, what a careful reader salvaged) and the group is run again; without it, or if
+    that fails too, :class:`EngineError` is raised.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import duckdb
+
+    gs = list(groups(sources, max_group_spans))
+    parts: list[Any] = []
+    done = 0
+    threads = max(1, (os.cpu_count() or 2) - 1)  # one core stays for numpy
+    with (
+        Engine(memory_limit_bytes, threads) as eng,
+        ThreadPoolExecutor(1, "hvtrace-duckdb") as duck,
+    ):
+
+        def again(g: list[RankSource], exc: Exception) -> GroupSummary:
+            if repair is None:
+                raise EngineError(_first_line(exc)) from None
+            try:
+                return duck.submit(eng.rank_pass, repair(g), steps).result()
+            except duckdb.Error as exc2:
+                raise EngineError(_first_line(exc2)) from None
+
+        fetched = duck.submit(eng.fetch, gs[0], steps) if gs else None
+        for i, g in enumerate(gs):
+            assert fetched is not None
+            try:
+                cols: dict[str, Any] | None = fetched.result()
+            except duckdb.Error as exc:
+                cols, failed = None, exc
+            if i + 1 < len(gs):
+                fetched = duck.submit(eng.fetch, gs[i + 1], steps)
+            if cols is None:
+                parts.append((g, again(g, failed)))
+            else:
+                rows, offsets, n_read = reduce_steps(cols, g)
+                del cols
+                parts.append((g, duck.submit(eng.group_tables, g, steps, rows, offsets, n_read)))
+            done += len(g)
+            if progress is not None:
+                progress(done, len(sources))
+        results = []
+        for g, part in parts:
+            if isinstance(part, GroupSummary):
+                results.append(part)
+                continue
+            try:
+                results.append(part.result())
+            except duckdb.Error as exc:
+                results.append(again(g, exc))
+    return cross_rank(results, n_ranks)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

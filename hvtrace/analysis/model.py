@@ -1,0 +1,116 @@
+"""What an analysis produces: the :class:`Analysis` of a run, the :class:`RankState` of each
+rank's recording and the :class:`Finding` lines.
+
+Data only: :mod:`hvtrace.analysis.summary` fills an Analysis, :mod:`hvtrace.analysis.findings`
+reads it to make its findings, and the renderers (report, dashboard) show it. So the imports run
+one way, model <- findings <- summary, and none of them needs the other at type-checking time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from hvtrace.analysis.steps import analyzed_steps
+from hvtrace.selection import StepRange
+
+
+@dataclass
+class Finding:
+    """One line of advice. ``kind`` names the check (``incomplete``, ``dropped``, ``straggler``,
+    ``slow_host``, ``rank0_blocking``, ``comm_bound``, ``small_allreduces``, ``late_unexplained``,
+    ``balanced``); ``severity`` is ``warning`` or ``info``; ``value`` is the number behind the
+    line, in ``unit``; ``data`` holds the other numbers (JSON-ready)."""
+
+    kind: str
+    severity: str
+    message: str
+    value: float | None = None
+    unit: str = ""
+    data: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the finding as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class RankState:
+    """How one rank's recording ended (from its file)."""
+
+    rank: int
+    complete: bool
+    truncated: bool
+    dropped: int
+    last_step: int
+
+
+@dataclass
+class Analysis:
+    """Everything :func:`hvtrace.analysis.analyze` computes. DataFrames are documented where
+    they are made:
+
+    - ``steps``: :func:`hvtrace.analysis.steps.step_table` (per rank and step, ns);
+    - ``per_rank``: :func:`hvtrace.analysis.steps.rank_summary` plus ``host`` (ms);
+    - ``users`` / ``user_per_rank``: :func:`~hvtrace.analysis.steps.user_table` (ns) /
+      :func:`~hvtrace.analysis.steps.user_summary` (ms);
+    - ``per_step``: :func:`hvtrace.analysis.summary.step_summary` (one row per step, ms);
+    - ``collectives`` / ``tensors`` / ``step_comm``: :mod:`hvtrace.analysis.bandwidth`;
+    - ``verdicts``: :func:`hvtrace.analysis.stragglers.straggler_table` (every rank);
+      ``stragglers``: the named ones; ``slow_hosts``: hosts whose ranks are all late;
+    - ``findings``: short actionable lines, each with the number behind it.
+
+    ``step_range``: the steps selected (None: the whole run).
+    """
+
+    run_id: str
+    size: int
+    ranks: list[int]
+    hosts: dict[int, str]
+    skip_steps: int
+    step_range: StepRange | None
+    steps: pd.DataFrame
+    per_rank: pd.DataFrame
+    users: pd.DataFrame
+    user_per_rank: pd.DataFrame
+    per_step: pd.DataFrame
+    collectives: pd.DataFrame
+    tensors: pd.DataFrame
+    step_comm: pd.DataFrame
+    comm: dict[str, float]
+    verdicts: pd.DataFrame
+    stragglers: pd.DataFrame
+    slow_hosts: pd.DataFrame
+    findings: list[Finding] = field(default_factory=list)
+    clock: str = ""
+    clock_uncertainty_ns: dict[int, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    rank_states: list[RankState] = field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)
+    horovod_env: dict[str, str] = field(default_factory=dict)
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    timing: str = ""  # the header's timing: host_monotonic (CPU) or cuda_events
+    run_dir: Path | None = None
+    #: What the engine read: ``spans`` (spans read), ``spans_total`` (in the files opened),
+    #: ``files`` (files opened), ``files_total`` (rank files of the run), ``row_groups`` /
+    #: ``row_groups_total`` (Parquet row groups read / in the files opened); empty for a frame.
+    read: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def analyzed(self) -> pd.DataFrame:
+        """The rows of ``steps`` the statistics use (complete, after the warm-up)."""
+        return analyzed_steps(self.steps, self.skip_steps)
+
+    @property
+    def analyzed_step_numbers(self) -> tuple[int, int, int]:
+        """``(first, last, count)`` of the analyzed step numbers (-1, -1, 0 when none)."""
+        s = self.analyzed["step"]
+        if s.empty:
+            return -1, -1, 0
+        return int(s.min()), int(s.max()), int(s.nunique())
+
+
+__all__ = ["Analysis", "Finding", "RankState"]
