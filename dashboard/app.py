@@ -7,7 +7,6 @@ and callbacks only reshape them for display. The app serves the one run it was c
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import sys
@@ -367,28 +366,33 @@ def _check_can_listen(host: str, port: int) -> None:
             raise TraceError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """``hvtrace dashboard``: load and analyze the run (errors: TraceError), then serve it."""
-    run_dir = Path(args.run_dir) if args.run_dir else sample_run_dir()
+def serve(
+    run_dir: str | Path | None,
+    host: str = "127.0.0.1",
+    port: int = 8050,
+    run_id: str | None = None,
+    verbose: bool = False,
+) -> int:
+    """Load and analyze the run (no ``run_dir``: the built-in sample), then serve it until
+    Ctrl-C. Errors in the input or the address raise :class:`TraceError` (one line)."""
+    run_dir = Path(run_dir) if run_dir else sample_run_dir()
     if not run_dir.exists():
         raise TraceError(f"{run_dir}: no such directory")
-    if not 0 <= args.port <= 65535:
-        raise TraceError(f"--port {args.port} is not a port number")
-    _check_can_listen(args.host, args.port)
-    run = load_run(run_dir, run_id=getattr(args, "run_id", None))
+    if not 0 <= port <= 65535:
+        raise TraceError(f"--port {port} is not a port number")
+    _check_can_listen(host, port)
+    run = load_run(run_dir, run_id=run_id)
     if run.spans.empty or not (run.spans["kind"] == "step").any():
         raise TraceError(f"{run_dir}: the run has no completed step to show")
     app = create_app(run)
-    url = f"http://{args.host}:{args.port}/"
+    url = f"http://{host}:{port}/"
     print(f"hvtrace dashboard: run {run.run_id} ({run_dir}) on {url}  (Ctrl-C to stop)")
     sys.stdout.flush()
-    if not getattr(args, "verbose", False):  # no per-request lines, no second "running on" line
+    if not verbose:  # no per-request lines, no second "running on" line
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         logging.getLogger("dash.dash").setLevel(logging.WARNING)
     try:
-        app.run(host=args.host, port=args.port, debug=False, dev_tools_ui=False)
+        app.run(host=host, port=port, debug=False, dev_tools_ui=False)
     except OSError as exc:
-        raise TraceError(
-            f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}"
-        ) from None
+        raise TraceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     return 0

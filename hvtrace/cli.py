@@ -1,7 +1,10 @@
-"""The ``hvtrace`` command: ``info``, ``compact``, ``analyze`` and ``dashboard`` sub-commands.
+"""The ``hvtrace`` command line, all of it: ``info``, ``compact``, ``analyze``, ``dashboard``.
 
-``main(argv)`` returns the exit code (0 ok, 2 unusable input) so tests can call it directly.
-Errors in the input are printed as one line on stderr, never as a traceback.
+Each sub-command is a parser here and a ``_cmd_*`` function that turns its arguments into calls
+of the library (which never sees argparse), importing what it needs only when it runs: ``hvtrace
+info`` never pays for DuckDB or Dash. ``main(argv)`` returns the exit code (0 ok, 2 unusable
+input) so tests can call it directly. Errors in the input are printed as one line on stderr,
+never as a traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hvtrace import __version__
-from hvtrace.load import TraceError
+from hvtrace.errors import TraceError
+from hvtrace.selection import SelectionError, StepRange, parse_ranks
 
 log = logging.getLogger("hvtrace")
 
@@ -62,6 +67,117 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from hvtrace.analysis import analyze
+    from hvtrace.analysis.engine import parse_size
+    from hvtrace.export.report import (
+        WIDTH,
+        format_report,
+        wrap,
+        write_json,
+        write_tables,
+        write_timeline,
+    )
+    from hvtrace.load import open_run
+
+    if args.skip_steps < 0:
+        raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
+    memory = None
+    if args.memory_limit:
+        try:
+            memory = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise TraceError(f"--memory-limit: {exc}") from None
+    steps = args.steps
+    run = open_run(
+        args.run_dir, run_id=args.run_id, ranks=args.ranks, progress=_progress("opening files")
+    )
+    with _RankProgress("analyzing ranks") as progress:
+        a = analyze(
+            run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
+            progress=progress,
+        )  # fmt: skip
+    to_stdout = args.json == "-"
+    notes = []
+    if args.json:
+        p = write_json(a, args.json)
+        if not to_stdout:
+            notes.append(f"summary: {p}")
+    for fmt, d in (("csv", args.csv), ("parquet", args.parquet)):
+        if d:
+            spans = run.spans
+            if steps is not None:
+                spans = spans[steps.mask(spans["step"])]
+            files = write_tables(a, d, fmt, spans=spans)
+            notes.append(f"{fmt} tables: {len(files)} files in {d}")
+    if args.timeline:
+        notes.append(write_timeline(run, a, args.timeline, steps))
+    if not to_stdout:
+        print(format_report(a))
+        if notes:
+            print()
+            for n in notes:
+                print("\n".join(wrap(n, WIDTH)))
+    else:
+        for n in notes:
+            print(n, file=sys.stderr)
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    try:  # Dash is imported only here, so no other sub-command pays for it
+        from hvtrace_dashboard.app import serve
+    except ImportError as exc:
+        raise TraceError(
+            f"the dashboard needs Dash and plotly ({exc}); install them with "
+            "pip install 'hvtrace[dashboard]'"
+        ) from None
+    return serve(args.run_dir, args.host, args.port, run_id=args.run_id, verbose=args.verbose)
+
+
+def _step_range(text: str) -> StepRange:
+    """argparse type of ``--steps``."""
+    try:
+        return StepRange.parse(text)
+    except SelectionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rank_list(text: str) -> frozenset[int]:
+    """argparse type of ``--ranks``."""
+    try:
+        return parse_ranks(text)
+    except SelectionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class _RankProgress:
+    """A rich progress bar over ranks on stderr (when it is a terminal); gives a callback."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Callable[[int, int], None] | None:
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self._bar = Progress(console=Console(stderr=True), transient=True)
+        self._bar.__enter__()
+        self._task = self._bar.add_task(self.label, total=None)
+        return self._update
+
+    def _update(self, done: int, total: int) -> None:
+        self._bar.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+
 def _progress(label: str) -> Callable[[list], object] | None:
     """A rich progress bar over files, on stderr, when stderr is a terminal."""
     if not sys.stderr.isatty():
@@ -97,15 +213,88 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("run_dir", metavar="RUN_DIR", help="directory of rank trace files")
     compact.add_argument("--run-id", default=None, help="compact only this run's files")
     compact.set_defaults(func=_cmd_compact)
-    _add_optional_commands(sub)
+    _add_analyze(sub)
+    _add_dashboard(sub)
     return p
 
 
-def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
-    """Register the sub-commands that live in their own modules (imported lazily when run)."""
-    from hvtrace.export import commands
+def _add_analyze(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="where each step's time goes, communication, and which rank holds the others back",
+        description="Analyze a run: per-rank step breakdown, allreduce time and bandwidth, "
+        "stragglers and findings. Prints a report; optionally writes JSON, CSV/Parquet tables "
+        "and the merged timeline. Runs of any size: each rank's file is reduced on DuckDB "
+        "(only the row groups of --steps and the files of --ranks are read), within "
+        "--memory-limit.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="directory of rank trace files")
+    p.add_argument(
+        "-o",
+        "--timeline",
+        metavar="PATH",
+        default=None,
+        help="also write the merged timeline for Perfetto / chrome://tracing "
+        "(PATH.json, or PATH.json.gz compressed)",
+    )
+    p.add_argument(
+        "--steps",
+        metavar="A:B",
+        type=_step_range,
+        default=None,
+        help="analyze steps A..B-1 only (A: to the end, :B from the start)",
+    )
+    p.add_argument(
+        "--ranks",
+        metavar="LIST",
+        type=_rank_list,
+        default=None,
+        help="analyze these ranks only, e.g. 0,4-7 (other ranks' files are not opened)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        default=None,
+        help="memory the query engine may use before spilling to disk, e.g. 2GB "
+        "(default: a quarter of this machine's memory)",
+    )
+    p.add_argument(
+        "--json", metavar="PATH", default=None, help="write the summary as JSON ('-': stdout)"
+    )
+    p.add_argument(
+        "--csv", metavar="DIR", default=None, help="write spans and per-step tables as CSV"
+    )
+    p.add_argument(
+        "--parquet", metavar="DIR", default=None, help="write spans and per-step tables as Parquet"
+    )
+    p.add_argument(
+        "--skip-steps",
+        metavar="N",
+        type=int,
+        default=1,
+        help="leave steps 0..N-1 (warm-up) out of medians and verdicts (default 1)",
+    )
+    p.add_argument("--run-id", default=None, help="run to read when the directory holds several")
+    p.set_defaults(func=_cmd_analyze)
 
-    commands.register(sub)
+
+def _add_dashboard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "dashboard",
+        help="serve a web page to explore a run: heat map, timeline, stragglers",
+        description="Serve a Dash page for one run (bound to 127.0.0.1 unless --host is given).",
+    )
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="?",
+        default=None,
+        help="directory of rank trace files (default: the built-in sample run)",
+    )
+    p.add_argument("--run-id", default=None, help="run to read when the directory holds several")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050)")
+    p.set_defaults(func=_cmd_dashboard)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

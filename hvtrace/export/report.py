@@ -3,18 +3,17 @@
 :func:`format_report` renders an :class:`hvtrace.analysis.Analysis` as plain text that fits in 80
 columns; :func:`analysis_to_dict` / :func:`write_json` give the machine-readable summary;
 :func:`write_tables` writes the span and per-step tables as CSV or Parquet files;
-:func:`analyze_command` is the sub-command itself.
+:func:`write_timeline` writes the merged timeline. The command line is :mod:`hvtrace.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,8 @@ WIDTH = 80
 
 
 # -- terminal report -------------------------------------------------------------------------------
-def _wrap(text: str, width: int, first: str = "", rest: str = "  ") -> list[str]:
+def wrap(text: str, width: int, first: str = "", rest: str = "  ") -> list[str]:
+    """Wrap ``text`` to ``width`` columns; long words (paths) stay whole."""
     return textwrap.wrap(
         text,
         width=width,
@@ -143,7 +143,7 @@ def format_report(
         f"hvtrace analyze: run {a.run_id or '?'}, {len(a.ranks)} of {a.size} rank(s) on "
         f"{n_hosts} host(s)" + (f" ({hosts})" if n_hosts <= 3 else "")
     )
-    L += _wrap(head, w)
+    L += wrap(head, w)
     first, last, count = a.analyzed_step_numbers
     sel = ""
     rng = StepRange.of(a.step_range)
@@ -155,22 +155,22 @@ def format_report(
             skipped = "warm-up step 0 skipped"
         elif a.skip_steps > 1:
             skipped = f"warm-up steps 0..{a.skip_steps - 1} skipped"
-        L += _wrap(
+        L += wrap(
             f"steps {first}..{last} analyzed ({count} steps"
             + (f"; {skipped}" if skipped else "")
             + f"{sel})",
             w,
         )
     else:
-        L += _wrap(f"no complete step to analyze{sel}", w)
+        L += wrap(f"no complete step to analyze{sel}", w)
     if a.run_dir is not None:
-        L += _wrap(f"directory: {a.run_dir}", w)
+        L += wrap(f"directory: {a.run_dir}", w)
     if a.read:
-        L += _wrap(read_summary(a.read), w)
+        L += wrap(read_summary(a.read), w)
     if a.clock:
-        L += _wrap(a.clock, w)
+        L += wrap(a.clock, w)
     for p in a.problems:
-        L += _wrap(_relative(p, a.run_dir), w, "! ", "  ")
+        L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
 
     ranks, note = _select_ranks(a, max_ranks)
     pr = a.per_rank.set_index("rank")
@@ -198,13 +198,13 @@ def format_report(
         rows.append(row)
     L += _table(headers, rows)
     if show_p95:
-        L += _wrap(
+        L += wrap(
             "p95: 95th percentile of the step time. wait: blocked in synchronize() "
             "(communication not hidden). other: time no phase or user span covers.",
             w,
         )
     if note:
-        L += _wrap(note, w)
+        L += wrap(note, w)
 
     # -- communication and arrival
     L.append("")
@@ -233,7 +233,7 @@ def format_report(
             ]
         )
     L += _table(headers, rows)
-    L += _wrap(
+    L += wrap(
         "allreduce: time with at least one allreduce in flight (it includes waiting for late "
         "ranks); hidden: share of it under backward; late: after the first rank's last gradient "
         "was ready; last: share of steps this rank was ready last.",
@@ -270,14 +270,14 @@ def format_report(
             )
         L += _table(headers, rows)
         c = a.comm
-        L += _wrap(
+        L += wrap(
             f"per step: {_num(c['tensors_per_step'], '.0f')} tensors, "
             f"{format_bytes(c['bytes_per_step'])} in {_num(c['comm_ms'])} ms of allreduce -> algbw "
             f"{_gbps(c['algbw_gbps'])} GB/s, busbw {_gbps(c['busbw_gbps'])} GB/s "
             f"(n={a.size}, busbw = algbw x 2(n-1)/n).",
             w,
         )
-        L += _wrap(
+        L += wrap(
             "tensor time = first observed end - last rank's enqueue. Note: "
             + BANDWIDTH_CAVEAT
             + ".",
@@ -311,9 +311,9 @@ def format_report(
                 ]
             )
         L += _table(headers, rows)
-        L += _wrap("excess: how much longer the phase takes than the other ranks' median.", w)
+        L += wrap("excess: how much longer the phase takes than the other ranks' median.", w)
     for _, h in a.slow_hosts.iterrows():
-        L += _wrap(
+        L += wrap(
             f"slow host {h['host']}: ranks {', '.join(map(str, h['ranks']))}, median "
             f"{h['late_ms']:.1f} ms late, last in {h['last_share']:.0%} of steps",
             w,
@@ -325,7 +325,7 @@ def format_report(
         L.append("Findings")
         for f in a.findings:
             mark = "!" if f.severity == "warning" else "-"
-            L += _wrap(f.message, w, f"{mark} ", "  ")
+            L += wrap(f.message, w, f"{mark} ", "  ")
     return "\n".join(L)
 
 
@@ -498,104 +498,12 @@ def _write(path: Path, fn: Callable[[], Any]) -> None:
         raise TraceError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
-# -- the sub-command -------------------------------------------------------------------------------
-def _progress(label: str) -> Callable[[Iterable[Path]], Iterable[Path]] | None:
-    """A rich progress bar over the rank files, on stderr, when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        return None
-    from rich.console import Console
-    from rich.progress import track
+# -- the timeline ----------------------------------------------------------------------------------
+def write_timeline(run: Any, a: Analysis, path: str, steps: StepRange | None) -> str:
+    """Write the merged timeline of ``run`` (rendered from ``a``); return a note naming the file(s).
 
-    console = Console(stderr=True)
-
-    def wrap(files: Iterable[Path]) -> Iterable[Path]:
-        files = list(files)
-        return track(files, description=label, console=console, transient=True)
-
-    return wrap
-
-
-class _rank_progress:
-    """A rich progress bar over ranks on stderr (when it is a terminal); yields a callback."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self._bar: Any = None
-        self._task: Any = None
-
-    def __enter__(self) -> Callable[[int, int], None] | None:
-        if not sys.stderr.isatty():
-            return None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self._bar = Progress(console=Console(stderr=True), transient=True)
-        self._bar.__enter__()
-        self._task = self._bar.add_task(self.label, total=None)
-        return self._update
-
-    def _update(self, done: int, total: int) -> None:
-        self._bar.update(self._task, completed=done, total=total)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-
-
-def analyze_command(args: argparse.Namespace) -> int:
-    """Run ``hvtrace analyze``; return the exit code (errors in the input raise TraceError)."""
-    from hvtrace.analysis import analyze
-    from hvtrace.analysis.engine import parse_size
-    from hvtrace.load import open_run
-
-    if args.skip_steps < 0:
-        raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
-    steps = StepRange.of(args.steps)
-    memory = None
-    if getattr(args, "memory_limit", None):
-        try:
-            memory = parse_size(args.memory_limit)
-        except ValueError as exc:
-            raise TraceError(f"--memory-limit: {exc}") from None
-    run = open_run(
-        args.run_dir,
-        run_id=args.run_id,
-        ranks=getattr(args, "ranks", None),
-        progress=_progress("opening rank files"),
-    )
-    with _rank_progress("analyzing ranks") as progress:
-        a = analyze(
-            run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
-            progress=progress,
-        )  # fmt: skip
-    to_stdout = args.json == "-"
-    notes = []
-    if args.json:
-        p = write_json(a, args.json)
-        if not to_stdout:
-            notes.append(f"summary: {p}")
-    for fmt, d in (("csv", args.csv), ("parquet", args.parquet)):
-        if d:
-            spans = run.spans
-            if steps is not None:
-                spans = spans[steps.mask(spans["step"])]
-            files = write_tables(a, d, fmt, spans=spans)
-            notes.append(f"{fmt} tables: {len(files)} files in {d}")
-    if args.timeline:
-        notes.append(_write_timeline(run, a, args.timeline, steps))
-    if not to_stdout:
-        print(format_report(a))
-        if notes:
-            print()
-            for n in notes:
-                print("\n".join(_wrap(n, WIDTH)))
-    else:
-        for n in notes:
-            print(n, file=sys.stderr)
-    return 0
-
-
-def _write_timeline(run: Any, a: Analysis, path: str, steps: StepRange | None) -> str:
+    Raises :class:`TraceError` (one line) when it cannot be written.
+    """
     try:
         from hvtrace.export.chrome import write_chrome_trace
     except ImportError as exc:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hvtrace.export.commands import parse_steps
+from hvtrace.cli import _step_range as parse_steps
 from hvtrace.selection import SelectionError, StepRange, format_ranks, parse_ranks
 
 
