@@ -753,10 +753,27 @@ def open_run(
                 f"{run_dir}: run {run_id} has {size} ranks; selected rank(s) "
                 f"{format_ranks(outside)} do not exist"
             )
-    _choose_clocks(files)
+    _choose_clocks(files, _reference_boot_id(run_dir, run_id, files))
     for msg in problems:
         log.warning("%s", msg)
     return Run(Path(run_dir), run_id, size, files, None, problems, selected)
+
+
+def _reference_boot_id(run_dir: str | os.PathLike, run_id: str, files: dict[int, RankFile]) -> Any:
+    """Rank 0's boot id: from its file when opened, else from its header alone (``--ranks``
+    without 0 still aligns ranks on rank 0's kernel exactly). None when it cannot be read."""
+    if 0 in files:
+        return files[0].header.get("boot_id")
+    for p in find_trace_files(run_dir):
+        if rank_from_name(p) != 0:
+            continue
+        try:
+            h = read_header(p)
+        except TraceError:
+            continue
+        if h.get("rank") == 0 and str(h.get("run_id")) == run_id:
+            return h.get("boot_id")
+    return None
 
 
 def _skip_compacted_streams(
@@ -796,14 +813,15 @@ def load_run(
     return run
 
 
-def _choose_clocks(files: dict[int, RankFile]) -> None:
+def _choose_clocks(files: dict[int, RankFile], ref_boot: Any = None) -> None:
     """Use offset 0 exactly for ranks on rank 0's kernel; barrier estimates for the others.
 
     Processes under one kernel (same ``boot_id``) read the same CLOCK_MONOTONIC, so their true
     offset is zero; the barrier estimates are kept in ``clock_measured`` as a check.
+    ``ref_boot``: rank 0's boot id (default: from rank 0's file in ``files``).
     """
-    ref = files.get(0)
-    ref_boot = ref.header.get("boot_id") if ref is not None else None
+    if ref_boot is None and 0 in files:
+        ref_boot = files[0].header.get("boot_id")
     for rf in files.values():
         rf.clock_measured = list(rf.clock)
         if ref_boot and rf.header.get("boot_id") == ref_boot:

@@ -152,3 +152,19 @@ def test_parse_size() -> None:
     for bad in ("", "lots", "-1G", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_rank_subset_keeps_rank0_clock_and_its_ranks_figures() -> None:
+    """``--ranks`` without rank 0 still aligns on rank 0's kernel clock (boot id from its
+    header) and gives the selected ranks the same figures as the whole run does."""
+    whole = analyze(open_run(SAMPLES / "slow_rank2_input_4rank"))
+    run = open_run(SAMPLES / "slow_rank2_input_4rank", ranks=frozenset({1, 2, 3}))
+    assert sorted(run.files) == [1, 2, 3]
+    assert all(f.same_clock for f in run.files.values())
+    part = analyze(run)
+    assert part.read["files"] == 3 and part.read["files_total"] == 4
+    pw = whole.per_rank.set_index("rank").loc[[1, 2, 3]]
+    pp = part.per_rank.set_index("rank")
+    for c in ("step_ms", "input_ms", "forward_ms", "backward_ms", "update_ms", "allreduce_ms"):
+        assert _close(pw[c], pp[c], 1e-9), c
+    assert list(part.stragglers["rank"]) == [2]
