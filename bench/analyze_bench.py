@@ -1,4 +1,4 @@
-"""`hvtrace analyze` on a run of any size: the DuckDB engine beside the whole-frame path.
+"""`hvtrace analyze` on a run of any size, whole and in a `--steps` window.
 
 The run is synthetic but written by hvtrace's own writer and closed as a clean close would
 (``bench/synth_run.py``: Parquet files, consistent clocks, allreduces that complete when the last
@@ -7,17 +7,18 @@ invocation:
 
 - ``engine``: the whole command ``hvtrace analyze RUN --json report.json`` (open, per-rank pass
   on DuckDB, cross-rank pass, report, JSON);
-- ``engine --steps``: the same with a ``--steps`` window of ``--window`` (100) steps;
-- ``whole frame``: the path that loads every span into one pandas DataFrame first
-  (``load_run`` + ``analyze_spans`` + report + JSON), while it exists (``--no-frame`` skips it:
-  at 200 M spans it would need about 40 GB).
+- ``engine --steps``: the same with a ``--steps`` window of ``--window`` (100) steps.
+
+(Until the analysis ran on the engine only, a third case ran the old whole-frame path beside
+these: ``load_run`` into one DataFrame + the pandas/numpy analysis. Its figures, measured side by
+side at 20 M spans, are in the README.)
 
 For each: wall time, peak resident memory of the child, spans per second, and the straggler it
 named with its phase (the slowed rank must be named). Goals (``--goal-s``, ``--goal-mb``) are
 printed next to the figures.
 
     python bench/analyze_bench.py --ranks 128 --steps 1500 --tensors 96        # 20 M spans
-    python bench/analyze_bench.py --ranks 512 --steps 4000 --tensors 96 --no-frame \\
+    python bench/analyze_bench.py --ranks 512 --steps 4000 --tensors 96 \\
         --goal-s 180 --goal-mb 3072                                          # 200 M spans
 """
 
@@ -43,21 +44,6 @@ p = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 dt = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 print(json.dumps({"rc": p.returncode, "wall_s": dt, "peak_mb": rss, "stderr": p.stderr[-2000:]}))
-"""
-
-WHOLE_FRAME = r"""
-import sys
-from hvtrace.analysis import analyze_spans
-from hvtrace.analysis.stragglers import StragglerConfig, clock_uncertainty_ns
-from hvtrace.export.report import format_report, write_json
-from hvtrace.load import load_run
-run = load_run(sys.argv[1])
-h0 = run.files[run.ranks[0]].header
-a = analyze_spans(run.spans, size=run.size, hosts=run.hosts,
-                  clock_uncertainty=clock_uncertainty_ns(run),
-                  config=StragglerConfig.for_timing(h0.get("timing")), run_id=run.run_id)
-format_report(a)
-write_json(a, sys.argv[2])
 """
 
 
@@ -87,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-rank", type=int, default=None, help="default: ranks // 3")
     p.add_argument("--slow-phase", default="forward")
     p.add_argument("--window", type=int, default=100, help="steps in the --steps window")
-    p.add_argument("--no-frame", action="store_true", help="skip the whole-frame path")
     p.add_argument("--dir", default=None, help="write (or reuse) the run here")
     p.add_argument("--goal-s", type=float, default=10.0)
     p.add_argument("--goal-mb", type=float, default=1536.0)
@@ -128,9 +113,6 @@ def main(argv: list[str] | None = None) -> int:
                 args.ranks * min(args.window, args.steps - lo) * (args.tensors + 7),
             ),
         ]
-        if not args.no_frame:
-            frame = [sys.executable, "-c", WHOLE_FRAME, str(run_dir), str(tmp / "frame.json")]
-            cases.append(("whole frame (old)", frame, tmp / "frame.json", spans))
         rows = []
         for label, cmd, out, n in cases:
             print(f"running {label} ...", file=sys.stderr, flush=True)
@@ -157,12 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         goal(f"engine peak <= {args.goal_mb:g} MB", eng["peak_mb"] <= args.goal_mb)
         goal(f"--steps window <= {args.goal_window_s:g} s", win["wall_s"] <= args.goal_window_s)
         goal(f"slowed rank named with its phase: {want}", eng["named"] == want)
-        if len(rows) > 2:
-            fr = rows[2]
-            print(
-                f"  engine vs whole frame: {fr['wall_s'] / eng['wall_s']:.1f}x faster, "
-                f"{fr['peak_mb'] / eng['peak_mb']:.1f}x less memory"
-            )
         if args.json:
             Path(args.json).write_text(json.dumps({"params": params, "rows": rows}, indent=1))
     finally:

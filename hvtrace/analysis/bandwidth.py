@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from hvtrace.analysis.steps import analyzed_steps, kind_codes, name_codes
-from hvtrace.schema import KIND_CODE
+from hvtrace.analysis.steps import analyzed_steps
 
 #: Printed with bandwidth numbers: what they are and why they are lower bounds.
 BANDWIDTH_CAVEAT = (
@@ -54,72 +53,18 @@ def bus_factor(n_ranks: int | np.ndarray) -> float | np.ndarray:
 def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
     """Return one row per allreduce collective (step, tensor name), over all ranks that did it.
 
-    Columns: ``step``, ``name``, ``n_ranks`` (ranks that recorded it), ``bytes`` (the largest of
-    the ranks' byte counts), ``dtype``, ``first_start_ns`` / ``last_start_ns`` (earliest / latest
-    enqueue over ranks), ``end_ns`` (earliest observed completion over ranks), ``time_ns`` =
-    ``end_ns - last_start_ns`` (NaN when not positive, which only clock error can cause),
-    ``spread_ns`` = ``last_start_ns - first_start_ns`` (how long the first rank waited for the
-    last one), ``algbw_gbps`` = bytes / time_ns.
+    ``spans``: a span frame (see :func:`hvtrace.analysis.engine.frame_summaries`, which runs the
+    engine's passes; a run's files give the same table through :func:`hvtrace.analysis.analyze`).
+    Columns: ``step``, ``name``, ``n_ranks`` (allreduce spans of that tensor in that step: one
+    per rank), ``bytes`` (the largest of the ranks' byte counts), ``dtype``, ``first_start_ns`` /
+    ``last_start_ns`` (earliest / latest enqueue over ranks), ``end_ns`` (earliest observed
+    completion over ranks), ``time_ns`` = ``end_ns - last_start_ns`` (NaN when not positive,
+    which only clock error can cause), ``spread_ns`` = ``last_start_ns - first_start_ns`` (how
+    long the first rank waited for the last one), ``algbw_gbps`` = bytes / time_ns.
     """
-    kinds = kind_codes(spans)
-    sel = np.flatnonzero(kinds == KIND_CODE["allreduce"])
-    cols = COLLECTIVE_COLUMNS
-    if len(sel) == 0:
-        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
-    codes, names = name_codes(spans)
-    codes = codes[sel]
-    step = spans["step"].to_numpy(dtype=np.int64)[sel]
-    smin = int(step.min())
-    width = int(codes.max()) + 2
-    key = (step - smin) * width + (codes + 1)
-    dtype = spans["dtype"] if "dtype" in spans.columns else pd.Series([""] * len(spans))
-    if not isinstance(dtype.dtype, pd.CategoricalDtype):
-        dtype = dtype.astype(str).astype("category")
-    start = spans["start_ns"].to_numpy(dtype=np.int64)[sel]
-    end = spans["end_ns"].to_numpy(dtype=np.int64)[sel]
-    nbytes = spans["bytes"].to_numpy(dtype=np.int64)[sel]
-    dcode = dtype.cat.codes.to_numpy()[sel].astype(np.int64)
-    n_keys = (int(step.max()) - smin + 1) * width
-    if n_keys <= 1 << 26:  # dense key space: one pass of ufunc.at per column
-        count = np.bincount(key, minlength=n_keys)
-        k = np.flatnonzero(count)
-        agg = {"n_ranks": count[k]}
-        for col, vals, fn, init in (
-            ("first_start_ns", start, np.minimum, np.iinfo(np.int64).max),
-            ("last_start_ns", start, np.maximum, np.iinfo(np.int64).min),
-            ("end_ns", end, np.minimum, np.iinfo(np.int64).max),
-            ("bytes", nbytes, np.maximum, np.iinfo(np.int64).min),
-            ("dtype", dcode, np.maximum, -1),
-        ):
-            acc = np.full(n_keys, init, np.int64)
-            fn.at(acc, key, vals)
-            agg[col] = acc[k]
-    else:
-        df = pd.DataFrame({"key": key, "start": start, "end": end, "bytes": nbytes, "dtype": dcode})
-        g = df.groupby("key", sort=True).agg(
-            n_ranks=("start", "size"),
-            first_start_ns=("start", "min"),
-            last_start_ns=("start", "max"),
-            end_ns=("end", "min"),
-            bytes=("bytes", "max"),
-            dtype=("dtype", "max"),
-        )
-        k = g.index.to_numpy()
-        agg = {c: g[c].to_numpy(np.int64) for c in g.columns}
-    dtypes = np.append(np.asarray(dtype.cat.categories.astype(str), dtype=object), "")
-    out = pd.DataFrame(
-        {
-            "step": k // width + smin,
-            "name": np.append(names.to_numpy(dtype=object), "?")[k % width - 1],
-            "n_ranks": agg["n_ranks"].astype(np.int64),
-            "bytes": agg["bytes"],
-            "dtype": dtypes[np.where(agg["dtype"] < 0, len(dtypes) - 1, agg["dtype"])],
-            "first_start_ns": agg["first_start_ns"],
-            "last_start_ns": agg["last_start_ns"],
-            "end_ns": agg["end_ns"],
-        }
-    )
-    return _collective_times(out)
+    from hvtrace.analysis.engine import frame_summaries
+
+    return frame_summaries(spans).collectives
 
 
 def _collective_times(out: pd.DataFrame) -> pd.DataFrame:

@@ -395,6 +395,22 @@ def cross_rank(parts: Sequence[GroupSummary], n_ranks: int | None = None) -> Sum
     )
 
 
+def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summaries:
+    """Run the engine over a span frame: :func:`hvtrace.load_run`'s ``Run.spans`` or a hand-made
+    table (a ``rank`` column; times on one clock). The same passes as for files."""
+    n = len(spans)
+    cols: dict[str, Any] = {c: spans[c] for c in ("rank", "step", "kind", "start_ns", "end_ns")}
+    cols["name"] = spans["name"] if "name" in spans.columns else spans["kind"].astype(str)
+    cols["bytes"] = spans["bytes"] if "bytes" in spans.columns else np.zeros(n, np.int64)
+    cols["dtype"] = spans["dtype"] if "dtype" in spans.columns else np.full(n, "", object)
+    frame = pd.DataFrame(cols).astype({"rank": np.int32, "step": np.int32})
+    frame = frame.astype({"start_ns": np.int64, "end_ns": np.int64, "bytes": np.int64})
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    return summarize([RankSource(None, n, table=table)], steps)
+
+
 def sources_for_run(run: Any) -> list[RankSource]:
     """Return the engine's sources for an opened :class:`hvtrace.Run` (by rank).
 

@@ -344,43 +344,12 @@ def user_table(spans: pd.DataFrame) -> pd.DataFrame:
     """Return user-span time per (rank, step, name): ``dur_ns`` (sum) and ``count``.
 
     hvtrace's own spans (``hvtrace.*``) are left out. Spans of one name that nest or overlap are
-    summed, not merged.
+    summed, not merged. Computed by the engine's per-rank pass
+    (:func:`hvtrace.analysis.engine.frame_summaries`), as for a run's files.
     """
-    kinds = kind_codes(spans)
-    user = (kinds == _K["user"]) & ~internal_mask(spans, kinds)
-    sel = np.flatnonzero(user)
-    codes, names = name_codes(spans)
-    if len(sel) == 0:
-        return pd.DataFrame(
-            {
-                "rank": pd.Series(dtype=np.int64),
-                "step": pd.Series(dtype=np.int64),
-                "name": pd.Series(dtype=str),
-                "dur_ns": pd.Series(dtype=np.int64),
-                "count": pd.Series(dtype=np.int64),
-            }
-        )
-    start = spans["start_ns"].to_numpy(dtype=np.int64)[sel]
-    end = spans["end_ns"].to_numpy(dtype=np.int64)[sel]
-    df = pd.DataFrame(
-        {
-            "rank": spans["rank"].to_numpy(dtype=np.int64)[sel],
-            "step": spans["step"].to_numpy(dtype=np.int64)[sel],
-            "code": codes[sel],
-            "dur_ns": np.maximum(end - start, 0),
-        }
-    )
-    g = df.groupby(["rank", "step", "code"], sort=True)["dur_ns"].agg(["sum", "size"])
-    g = g.reset_index()
-    return pd.DataFrame(
-        {
-            "rank": g["rank"].to_numpy(np.int64),
-            "step": g["step"].to_numpy(np.int64),
-            "name": names.to_numpy()[g["code"].to_numpy()],
-            "dur_ns": g["sum"].to_numpy(np.int64),
-            "count": g["size"].to_numpy(np.int64),
-        }
-    )
+    from hvtrace.analysis.engine import frame_summaries
+
+    return frame_summaries(spans).users
 
 
 def user_summary(

@@ -16,7 +16,6 @@ import pandas as pd
 
 from hvtrace.analysis.bandwidth import (
     BANDWIDTH_CAVEAT,
-    collective_table,
     comm_summary,
     step_comm_table,
     tensor_table,
@@ -25,9 +24,7 @@ from hvtrace.analysis.findings import make_findings
 from hvtrace.analysis.model import Analysis, Finding, RankState
 from hvtrace.analysis.steps import (
     rank_summary,
-    step_table,
     user_summary,
-    user_table,
 )
 from hvtrace.analysis.stragglers import (
     StragglerConfig,
@@ -178,28 +175,29 @@ def analyze_spans(
 ) -> Analysis:
     """Analyze a span table (as :func:`hvtrace.load_run` makes; times in ns on one clock).
 
-    The whole-frame path, kept while the engine (:func:`analyze`) is checked against it: it
-    holds every span in memory, so it suits small runs only.
+    The frame goes through the same engine as a run's files (:func:`analyze`); it is in memory
+    already, so this suits small runs and hand-made tables.
     ``size``: ranks in the run (default: ranks present); ``hosts``: rank -> host;
     ``clock_uncertainty``: rank -> ns; ``skip_steps``: warm-up steps left out of statistics;
     ``steps``: a :class:`~hvtrace.selection.StepRange` (or a ``(first, stop)`` tuple) keeps steps
     ``first .. stop-1`` only (``stop`` None: to the end).
     Raises ``ValueError`` when the selection holds no spans.
     """
+    from hvtrace.analysis.engine import frame_summaries
+
     steps = StepRange.of(steps)
-    if steps is not None:
-        sel = steps.mask(spans["step"])
-        if not sel.any():
-            have = spans["step"]
-            rng = f"{int(have.min())}..{int(have.max())}" if len(have) else "none"
-            raise ValueError(f"no spans in steps {steps.label()} (the run has {rng})")
-        spans = spans[sel]
     if spans.empty:
         raise ValueError("the run has no spans to analyze")
+    summ = frame_summaries(spans, steps)
+    if summ.steps.empty:
+        have = spans["step"]
+        rng = f"{int(have.min())}..{int(have.max())}"
+        what = f"no spans in steps {steps.label()}" if steps is not None else "no step spans"
+        raise ValueError(f"{what} (the run has {rng})")
     return analyze_tables(
-        step_table(spans),
-        user_table(spans),
-        collective_table(spans),
+        summ.steps,
+        summ.users,
+        summ.collectives,
         size=size or (int(spans["rank"].max()) + 1),
         hosts=hosts,
         clock_uncertainty=clock_uncertainty,

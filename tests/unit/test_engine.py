@@ -1,8 +1,11 @@
-"""The DuckDB engine (per-rank pass + cross-rank pass) against the whole-frame path.
+"""The engine on a run's files against the engine on the same spans loaded as one frame.
 
-While the whole-frame path (:func:`hvtrace.analysis.analyze_spans` over ``run.spans``) exists,
-both must give the same answer on every sample trace and on synthetic runs: the same stragglers
-and phases, per-rank medians within 0.1 ms, the same step table and collectives.
+A run's files are read by DuckDB (Parquet row groups, or IPC streams), reduced per rank on each
+rank's own clock and moved onto rank 0's clock per (rank, step); ``load_run`` aligns every span
+first and :func:`hvtrace.analysis.analyze_spans` runs the same passes on that frame. Both must
+give the same answer on every sample trace and on synthetic runs: the same stragglers and phases,
+per-rank medians within 0.1 ms, the same step table and collectives. (Until the frame path ran on
+the engine too, this test checked the engine against the old whole-frame implementation.)
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _synth_module():
     return mod
 
 
-def _old(run, steps=None):
+def _frame(run, steps=None):
     h0 = run.files[run.ranks[0]].header
     from hvtrace.analysis.stragglers import StragglerConfig
 
@@ -57,7 +60,7 @@ def _close(a: pd.Series, b: pd.Series, tol: float) -> bool:
 
 
 def assert_same(old, new) -> None:
-    """The engine's analysis equals the whole-frame one (within clock-interpolation noise)."""
+    """The analysis of the files equals the frame's (within clock-interpolation noise)."""
     so, sn = old.steps, new.steps
     assert list(so.columns) == list(sn.columns)
     assert len(so) == len(sn)
@@ -86,19 +89,19 @@ def assert_same(old, new) -> None:
 @pytest.mark.parametrize(
     "sample", ["balanced_2rank", "slow_rank1_forward_2rank", "slow_rank2_input_4rank"]
 )
-def test_engine_equals_whole_frame_on_sample_traces(sample: str) -> None:
+def test_files_equal_frame_on_sample_traces(sample: str) -> None:
     run = load_run(SAMPLES / sample)
-    assert_same(_old(run), analyze(run))
+    assert_same(_frame(run), analyze(run))
 
 
 @pytest.mark.parametrize("phase", ["forward", "input", "backward"])
-def test_engine_equals_whole_frame_on_compacted_synthetic_runs(tmp_path: Path, phase: str) -> None:
+def test_files_equal_frame_on_compacted_synthetic_runs(tmp_path: Path, phase: str) -> None:
     synth = _synth_module()
     synth.write_synth_run(tmp_path, ranks=6, steps=40, tensors=8, slow_rank=4, slow_phase=phase)
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".parquet"] * 6
     run = open_run(tmp_path)
     new = analyze(run)
-    assert_same(_old(run), new)
+    assert_same(_frame(run), new)
     assert list(new.stragglers["rank"]) == [4]
     assert new.stragglers["phase"].iloc[0] == phase
     assert new.read["spans"] == new.read["spans_total"] - 6 * 40  # loss scalars not read
@@ -110,7 +113,7 @@ def test_engine_on_a_crashed_run_reads_the_streams(tmp_path: Path) -> None:
     run = open_run(tmp_path)
     assert {f.format for f in run.files.values()} == {"arrows"}
     new = analyze(run)
-    assert_same(_old(run), new)
+    assert_same(_frame(run), new)
     assert list(new.stragglers["rank"]) == [2]
 
 
@@ -141,7 +144,7 @@ def test_step_window_reads_only_its_row_groups(tmp_path: Path) -> None:
     assert window.read["row_groups"] < whole.read["row_groups"] / 3
     assert window.read["spans"] < whole.read["spans"] / 8
     assert sorted(window.steps["step"].unique()) == list(range(20, 30))
-    assert_same(_old(run, StepRange(20, 30)), window)
+    assert_same(_frame(run, StepRange(20, 30)), window)
 
 
 def test_parse_size() -> None:
