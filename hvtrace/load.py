@@ -87,6 +87,9 @@ class RankFile:
     #: True when ``table`` holds the file's spans; False for a Parquet file opened with
     #: ``read_spans=False`` (``table`` is empty; :meth:`read_table` reads from disk).
     spans_read: bool = True
+    #: A Parquet file's row groups as ``(min step, max step, rows)`` from its footer (None for a
+    #: bound without statistics); empty for a stream.
+    row_group_steps: list[tuple[int | None, int | None, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.n_spans:
@@ -109,8 +112,17 @@ class RankFile:
         """
         if self.format != "parquet":
             return []
+        if self.row_group_steps:
+            return _meeting(self.row_group_steps, StepRange.of(steps))
         with _open_parquet_file(self.path) as pf:
             return _row_groups(pf.metadata, StepRange.of(steps))
+
+    def rows_in(self, steps: StepRange | tuple[int, int | None] | None = None) -> int:
+        """Spans a reader of ``steps`` has to decode: the rows of the row groups that meet them
+        (a Parquet file), or every span (a stream, filtered in memory)."""
+        if self.format != "parquet" or not self.row_group_steps:
+            return self.n_spans
+        return sum(self.row_group_steps[g][2] for g in self.row_groups(steps))
 
     def read_table(
         self,
@@ -542,6 +554,7 @@ def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
             format="parquet",
             n_spans=pf.metadata.num_rows,
             spans_read=False,
+            row_group_steps=_row_group_steps(pf.metadata),
         )
         _start_clock(rf)
         if status is not None:
@@ -558,16 +571,34 @@ def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
 
 def _row_groups(md: pq.FileMetaData, steps: StepRange | None) -> list[int]:
     """Row groups whose ``step`` min/max meet ``steps`` (those without statistics included)."""
-    n = md.num_row_groups
-    if steps is None or n == 0:
-        return list(range(n))
+    return _meeting(_row_group_steps(md), steps)
+
+
+def _row_group_steps(md: pq.FileMetaData) -> list[tuple[int | None, int | None, int]]:
+    """``(min step, max step, rows)`` of each row group (None bounds: no statistics)."""
     col = COLUMNS.index("step")
-    out = []
-    for g in range(n):
-        st = md.row_group(g).column(col).statistics
-        if st is None or not st.has_min_max or steps.overlaps(int(st.min), int(st.max)):
-            out.append(g)
+    out: list[tuple[int | None, int | None, int]] = []
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        st = rg.column(col).statistics
+        if st is None or not st.has_min_max:
+            out.append((None, None, rg.num_rows))
+        else:
+            out.append((int(st.min), int(st.max), rg.num_rows))
     return out
+
+
+def _meeting(
+    groups: list[tuple[int | None, int | None, int]], steps: StepRange | None
+) -> list[int]:
+    """Indices of ``groups`` whose step bounds meet ``steps`` (unknown bounds always do)."""
+    if steps is None:
+        return list(range(len(groups)))
+    return [
+        g
+        for g, (lo, hi, _) in enumerate(groups)
+        if lo is None or hi is None or steps.overlaps(lo, hi)
+    ]
 
 
 def _conform(table: pa.Table, columns: list[str]) -> pa.Table:
@@ -656,9 +687,14 @@ def open_run(
             raise TraceError(f"{run_dir}: no trace file of rank(s) {format_ranks(selected)}")
     problems: list[str] = []
     headers: dict[Path, dict[str, Any]] = {}
+    opened: dict[Path, RankFile] = {}  # Parquet: the footer read once gives header and status
     for p in paths:
         try:
-            h = read_header(p)
+            if _is_parquet(p):
+                opened[p] = read_rank_file(p, read_spans=read_spans)
+                h = opened[p].header
+            else:
+                h = read_header(p)
         except TraceError as exc:
             problems.append(str(exc))
             continue
@@ -696,7 +732,7 @@ def open_run(
     iterable = progress(chosen) if progress else chosen
     for p in iterable:
         try:
-            rf = read_rank_file(p, read_spans=read_spans)
+            rf = opened.pop(p) if p in opened else read_rank_file(p, read_spans=read_spans)
         except TraceError as exc:
             problems.append(str(exc))
             continue

@@ -61,7 +61,6 @@ _KIND_CODE_SQL = (
     )
     + " ELSE -1 END::SMALLINT"
 )
-_USER_SQL = f"kind = 'user' AND NOT starts_with(name, '{INTERNAL_PREFIX}')"
 
 
 def default_memory_limit_bytes() -> int:
@@ -107,6 +106,9 @@ class RankSource:
     parquet: str | None = None
     table: Any = None
     clock: list[Any] = field(default_factory=list)
+    #: Row groups of a Parquet file that the step selection needs, and how many it has.
+    row_groups_read: int = 0
+    row_groups_total: int = 0
 
 
 @dataclass
@@ -115,7 +117,7 @@ class GroupSummary:
 
     steps: pd.DataFrame  # step_rows, on rank 0's clock
     users: pd.DataFrame  # rank, step, name, dur_ns, count
-    collectives: pd.DataFrame  # partial per (step, name); combine with finish_collectives
+    collectives: pd.DataFrame | None  # partial per (step, name) (None: kept in the engine)
     spans_read: int = 0
     row_groups_read: int = 0
     row_groups_total: int = 0
@@ -140,6 +142,8 @@ class Engine:
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
         self._views = 0
+        self._acc_rows = 0  # rows in the collectives accumulator (see _accumulate)
+        self._acc_merged = 0  # its size after the last merge
 
     def __enter__(self) -> Engine:
         return self
@@ -154,14 +158,11 @@ class Engine:
         finally:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
-    def _source(
-        self, sources: Sequence[RankSource], offsets: dict[int, int] | None = None
-    ) -> tuple[str, dict[str, Any], list[str]]:
+    def _source(self, sources: Sequence[RankSource]) -> tuple[str, dict[str, Any], list[str]]:
         """Return ``(sql, params, registered)``: one relation of ``sources`` with a rank column.
 
         Parquet files are read by one ``read_parquet`` (paths are parameters, never spliced into
-        SQL) and their rank looked up by file index; in-memory tables are registered. With
-        ``offsets`` (rank -> constant clock offset, ns) the relation has an ``off_ns`` column.
+        SQL) and their rank looked up by file index; in-memory tables are registered.
         """
         parts: list[str] = []
         params: dict[str, Any] = {}
@@ -171,13 +172,9 @@ class Engine:
         if files:
             params["files"] = [str(s.parquet) for s in files]
             params["ranks"] = [int(s.rank if s.rank is not None else -1) for s in files]
-            off = ""
-            if offsets is not None:
-                params["offs"] = [int(offsets.get(int(r), 0)) for r in params["ranks"]]
-                off = "list_extract($offs, file_index::INTEGER + 1)::BIGINT AS off_ns, "
             parts.append(
                 "SELECT list_extract($ranks, file_index::INTEGER + 1)::INTEGER AS rank, "
-                f"{off}{cols} FROM read_parquet($files)"
+                f"{cols} FROM read_parquet($files)"
             )
         for s in sources:
             if s.parquet is not None:
@@ -187,11 +184,7 @@ class Engine:
             self.con.register(raw, s.table)
             registered.append(raw)
             rank = "rank::INTEGER AS rank" if s.rank is None else f"{int(s.rank)}::INTEGER AS rank"
-            off = ""
-            if offsets is not None:
-                o = int(offsets.get(int(s.rank), 0)) if s.rank is not None else 0
-                off = f"{o}::BIGINT AS off_ns, "
-            parts.append(f"SELECT {rank}, {off}{cols} FROM {raw}")
+            parts.append(f"SELECT {rank}, {cols} FROM {raw}")
         return " UNION ALL ".join(parts), params, registered
 
     def rank_pass(self, sources: Sequence[RankSource], steps: StepRange | None) -> GroupSummary:
@@ -206,8 +199,8 @@ class Engine:
         return self.group_tables(sources, steps, rows, offsets, n_read)
 
     def fetch(self, sources: Sequence[RankSource], steps: StepRange | None) -> dict[str, Any]:
-        """Stage 1 (DuckDB): the group's spans that are a step's work, as numpy columns
-        ``rank``, ``step``, ``k`` (kind code), ``start_ns``, ``end_ns``, ``bytes``."""
+        """Stage 1 (DuckDB): the group's spans of ``steps`` that are a step's work, as numpy
+        columns ``rank``, ``step``, ``k`` (kind code), ``start_ns``, ``end_ns``, ``bytes``."""
         src, params, registered = self._source(sources)
         try:
             where = steps.sql("step") if steps is not None else "TRUE"
@@ -227,44 +220,97 @@ class Engine:
         rows: pd.DataFrame,
         offsets: pd.DataFrame,
         n_read: int,
+        accumulate: bool = False,
     ) -> GroupSummary:
-        """Stage 3 (DuckDB): partial collectives (times moved by ``offsets``) and user time."""
+        """Stage 3 (DuckDB): partial collectives (times moved by ``offsets``) and user time.
+
+        A second scan of the group's files, of the columns these need (cheaper than keeping
+        the first scan's rows: the scans decode compressed columns faster than a table of them
+        is built). With ``accumulate`` the partial collectives stay in the engine, merged with
+        the other groups' (:meth:`collectives` returns them); else they are in the result."""
         con = self.con
-        registered: list[str] = []
+        src, params, registered = self._source(sources)
+        where = steps.sql("s.step") if steps is not None else "TRUE"
+        table = f"({src})"
         try:
-            src, params, reg = self._source(sources)
-            registered += reg
-            where = steps.sql("step") if steps is not None else "TRUE"
-            s_where = steps.sql("s.step") if steps is not None else "TRUE"
             constant = _constant_offsets(offsets)
-            agg = """SELECT s.step, s.name, count(*) AS n_spans, max(s.bytes) AS bytes,
-                       any_value(s.dtype) AS dtype, min(s.start_ns - off_ns) AS first_start_ns,
-                       max(s.start_ns - off_ns) AS last_start_ns,
-                       min(s.end_ns - off_ns) AS end_ns"""
-            where_ar = f"WHERE s.kind = 'allreduce' AND {s_where} GROUP BY s.step, s.name"
-            if constant is not None:  # one offset per rank: a column of the scan, no join
-                osrc, oparams, reg = self._source(sources, constant)
-                registered += reg
-                coll = con.execute(f"{agg} FROM ({osrc}) s {where_ar}", oparams).df()
+            if constant is not None:  # one offset per rank: join on rank alone
+                off = pd.DataFrame(
+                    {"rank": list(constant), "off_ns": list(constant.values())},
+                    columns=["rank", "off_ns"],
+                ).astype(np.int64)
+                on = "s.rank = o.rank"
             else:  # clock drift: the offset of each (rank, step)
-                con.register("hv_offsets", offsets)
-                registered.append("hv_offsets")
-                coll = con.execute(
-                    f"{agg} FROM ({src}) s JOIN hv_offsets o "
-                    f"ON s.rank = o.rank AND s.step = o.step {where_ar}",
-                    params,
-                ).df()
+                off, on = offsets, "s.rank = o.rank AND s.step = o.step"
+            con.register("hv_offsets", off)
+            partial = f"""SELECT s.step, s.name, count(*) AS n_spans, max(s.bytes) AS bytes,
+                       any_value(s.dtype) AS dtype,
+                       min(s.start_ns - coalesce(o.off_ns, 0)) AS first_start_ns,
+                       max(s.start_ns - coalesce(o.off_ns, 0)) AS last_start_ns,
+                       min(s.end_ns - coalesce(o.off_ns, 0)) AS end_ns
+                FROM {table} s LEFT JOIN hv_offsets o ON {on}
+                WHERE s.kind = 'allreduce' AND {where} GROUP BY s.step, s.name"""
+            try:
+                if accumulate:
+                    self._accumulate(partial, params)
+                    coll = None
+                else:
+                    coll = con.execute(partial, params).df()
+            finally:
+                con.unregister("hv_offsets")
             users = con.execute(
                 f"""SELECT rank, step, name,
                        sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count
-                FROM ({src}) WHERE {_USER_SQL} AND {where}
+                FROM {table} s WHERE kind = 'user'
+                AND NOT starts_with(name, '{INTERNAL_PREFIX}') AND {where}
                 GROUP BY rank, step, name ORDER BY rank, step, name""",
                 params,
             ).df()
         finally:
             self._unregister(registered)
-        rg_read, rg_total = _row_groups(sources, steps)
+        rg_read = sum(s.row_groups_read for s in sources)
+        rg_total = sum(s.row_groups_total for s in sources)
         return GroupSummary(rows, users, coll, n_read, rg_read, rg_total)
+
+    #: The collectives accumulator is merged once it holds more rows than this (and twice its
+    #: size after the last merge).
+    MERGE_ROWS = 1_000_000
+    #: Columns of the partial collectives, in order.
+    _COLL = "step, name, n_spans, bytes, dtype, first_start_ns, last_start_ns, end_ns"
+    _MERGE = """SELECT step, name, sum(n_spans)::BIGINT AS n_spans, max(bytes) AS bytes,
+        any_value(dtype) AS dtype, min(first_start_ns) AS first_start_ns,
+        max(last_start_ns) AS last_start_ns, min(end_ns) AS end_ns"""
+
+    def _accumulate(self, partial: str, params: dict[str, Any]) -> None:
+        """Add a group's partial collectives to the engine's table, merging rows of the same
+        (step, tensor) whenever it has grown past twice its merged size (bounded memory)."""
+        con = self.con
+        if not self._acc_rows and not self._acc_merged:
+            self._run(f"CREATE OR REPLACE TEMP TABLE hv_coll AS {partial}", params)
+        else:
+            self._run(f"INSERT INTO hv_coll {partial}", params)
+        self._acc_rows = int(con.execute("SELECT count(*) FROM hv_coll").fetchall()[0][0])
+        if self._acc_rows > max(2 * self._acc_merged, self.MERGE_ROWS):
+            self._run(
+                f"CREATE OR REPLACE TEMP TABLE hv_coll AS {self._MERGE} FROM hv_coll "
+                "GROUP BY step, name"
+            )
+            self._acc_rows = self._acc_merged = int(
+                con.execute("SELECT count(*) FROM hv_coll").fetchall()[0][0]
+            )
+
+    def collectives(self) -> pd.DataFrame:
+        """The accumulated partial collectives, one row per (step, tensor) (empty if none)."""
+        if not self._acc_rows:
+            return pd.DataFrame(columns=self._COLL.split(", "))
+        out = self.con.execute(f"{self._MERGE} FROM hv_coll GROUP BY step, name").df()
+        self._run("DROP TABLE IF EXISTS hv_coll")
+        self._acc_rows = self._acc_merged = 0
+        return out
+
+    def _run(self, sql: str, params: Any = None) -> None:
+        """Execute a statement and consume its result (DuckDB 2 wants every result finished)."""
+        self.con.execute(sql, params).fetchall()
 
     def _unregister(self, names: Iterable[str]) -> None:
         for name in names:
@@ -323,32 +369,6 @@ def _constant_offsets(offsets: pd.DataFrame) -> dict[int, int] | None:
     return {int(r): int(v) for r, v in lo.items()}
 
 
-def _row_groups(sources: Sequence[RankSource], steps: StepRange | None) -> tuple[int, int]:
-    """Return (row groups whose step statistics meet ``steps``, row groups in total)."""
-    import pyarrow.parquet as pq
-
-    read = total = 0
-    for s in sources:
-        if s.parquet is None:
-            continue
-        try:
-            md = pq.ParquetFile(s.parquet).metadata
-        except Exception:  # noqa: BLE001 - counting only; DuckDB reported any real error
-            continue
-        idx = md.schema.to_arrow_schema().get_field_index("step")
-        for i in range(md.num_row_groups):
-            total += 1
-            st = md.row_group(i).column(idx).statistics
-            if (
-                steps is None
-                or st is None
-                or not st.has_min_max
-                or steps.overlaps(int(st.min), int(st.max))
-            ):
-                read += 1
-    return read, total
-
-
 def groups(
     sources: Sequence[RankSource], max_spans: int = GROUP_SPANS
 ) -> Iterator[list[RankSource]]:
@@ -377,14 +397,24 @@ class Summaries:
     row_groups_total: int = 0
 
 
-def cross_rank(parts: Sequence[GroupSummary], n_ranks: int | None = None) -> Summaries:
-    """Join the groups' summaries: complete steps, lateness, collectives (see module doc)."""
+def cross_rank(
+    parts: Sequence[GroupSummary],
+    n_ranks: int | None = None,
+    collectives: pd.DataFrame | None = None,
+) -> Summaries:
+    """Join the groups' summaries: complete steps, lateness, collectives (see module doc).
+
+    ``collectives``: partial collectives merged elsewhere (the engine's accumulator), combined
+    with those the parts carry."""
     steps = finish_steps(pd.concat([p.steps for p in parts], ignore_index=True), n_ranks)
     users = pd.concat([p.users for p in parts], ignore_index=True)
     users = users.astype(
         {"rank": np.int64, "step": np.int64, "dur_ns": np.int64, "count": np.int64}
     )
-    coll = finish_collectives(pd.concat([p.collectives for p in parts], ignore_index=True))
+    partials = [p.collectives for p in parts if p.collectives is not None]
+    if collectives is not None:
+        partials.append(collectives)
+    coll = finish_collectives(pd.concat(partials, ignore_index=True))
     return Summaries(
         steps,
         users,
@@ -411,16 +441,26 @@ def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summ
     return summarize([RankSource(None, n, table=table)], steps)
 
 
-def sources_for_run(run: Any) -> list[RankSource]:
+def sources_for_run(run: Any, steps: StepRange | None = None) -> list[RankSource]:
     """Return the engine's sources for an opened :class:`hvtrace.Run` (by rank).
 
-    A compacted file is read by DuckDB from its path; a stream (live or crashed rank) from the
-    table :mod:`hvtrace.load` read.
+    A compacted file is read by DuckDB from its path (``n_spans``: the rows of the row groups
+    ``steps`` needs, which sizes the groups); a stream (live or crashed rank) from the table
+    :mod:`hvtrace.load` read.
     """
     out = []
     for r, rf in sorted(run.files.items()):
-        if getattr(rf, "format", "arrows") == "parquet":
-            out.append(RankSource(int(r), int(rf.n_spans), parquet=str(rf.path), clock=rf.clock))
+        if rf.format == "parquet" and not rf.spans_read:
+            out.append(
+                RankSource(
+                    int(r),
+                    int(rf.rows_in(steps)),
+                    parquet=str(rf.path),
+                    clock=rf.clock,
+                    row_groups_read=len(rf.row_groups(steps)),
+                    row_groups_total=len(rf.row_group_steps),
+                )
+            )
         else:
             out.append(RankSource(int(r), int(rf.table.num_rows), table=rf.table, clock=rf.clock))
     return out
@@ -485,7 +525,8 @@ def summarize(
             else:
                 rows, offsets, n_read = reduce_steps(cols, g)
                 del cols
-                parts.append((g, duck.submit(eng.group_tables, g, steps, rows, offsets, n_read)))
+                job = duck.submit(eng.group_tables, g, steps, rows, offsets, n_read, True)
+                parts.append((g, job))
             done += len(g)
             if progress is not None:
                 progress(done, len(sources))
@@ -498,7 +539,8 @@ def summarize(
                 results.append(part.result())
             except duckdb.Error as exc:
                 results.append(again(g, exc))
-    return cross_rank(results, n_ranks)
+        merged = duck.submit(eng.collectives).result()
+    return cross_rank(results, n_ranks, merged)
 
 
 def _first_line(exc: BaseException) -> str:

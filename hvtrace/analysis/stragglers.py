@@ -219,7 +219,6 @@ def straggler_table(
     # phase evidence: per-rank medians vs the other ranks' medians, and per-step excess
     pm = phase_matrix(a, users)
     phases = list(pm.columns)
-    builtin = [p for p in phases if not p.startswith("user:")]
     if phases:
         rank_med = pm.groupby(level="rank").median().reindex(ranks)
         med_excess = rank_med.to_numpy() - median_of_others(rank_med.to_numpy().T).T
@@ -242,38 +241,38 @@ def straggler_table(
 
     rows = []
     need_last = cfg.last_share_needed(n_ranks)
+    # per-rank rows as numpy (a pandas lookup per rank and phase is slow with hundreds of ranks)
+    me = med_excess.reindex(columns=phases).to_numpy(np.float64)
+    se = step_ex.reindex(columns=phases).to_numpy(np.float64)
+    ss = step_share.reindex(columns=phases).to_numpy(np.float64)
+    b_idx = np.array([k for k, p in enumerate(phases) if not p.startswith("user:")], np.int64)
+    u_idx = np.array([k for k, p in enumerate(phases) if p.startswith("user:")], np.int64)
+    floor_ms = work_floor_ns / 1e6
     for i, r in enumerate(ranks):
         rec: dict[str, Any] = {}
         rec["late_ms"] = float(late_ms.get(r, np.nan))
         rec["last_share"] = float(last_share.get(r, 0.0))
         rec["late_floor_ms"] = float(late_floor_ns[i] / 1e6)
-        bex = med_excess.loc[r, builtin] if builtin else pd.Series(dtype=float)
-        pos = bex[bex > 0]
-        rec["explained_ms"] = float(pos.sum()) if len(pos) else 0.0
-        if len(bex) and bex.notna().any():
-            bp = str(bex.idxmax())
-            rec["builtin_phase"], rec["builtin_excess_ms"] = bp, float(bex[bp])
+        bex = me[i, b_idx]
+        rec["explained_ms"] = float(bex[bex > 0].sum())
+        bk = _nanargmax(bex)
+        if bk is not None:
+            bp = phases[int(b_idx[bk])]
+            rec["builtin_phase"], rec["builtin_excess_ms"] = bp, float(bex[bk])
         else:
             rec["builtin_phase"], rec["builtin_excess_ms"] = "", float("nan")
-        phase, phase_ex = _specific_phase(
-            med_excess.loc[r] if phases else pd.Series(dtype=float), rec, cfg
-        )
+        phase, phase_ex = _specific_phase(me[i, u_idx], [phases[k] for k in u_idx], rec, cfg)
         # the work criterion: the phase most consistently slower than the others
-        if phases:
-            ok = (step_share.loc[r] >= 0.75) & (step_ex.loc[r] > work_floor_ns / 1e6)
-            cand = step_ex.loc[r][ok]
+        ok = (ss[i] >= 0.75) & (se[i] > floor_ms)
+        n_cand = int(ok.sum())
+        wk = _nanargmax(np.where(ok, se[i], np.nan)) if n_cand else _nanargmax(se[i])
+        if wk is not None:
+            rec["work_phase"] = phases[wk].removeprefix("user:")
+            rec["work_excess_ms"] = float(se[i, wk])
+            share = ss[i, wk]
+            rec["work_share"] = float(share) if np.isfinite(share) else 0.0
         else:
-            cand = pd.Series(dtype=float)
-        if len(cand):
-            wp = str(cand.idxmax())
-            rec["work_phase"] = wp.removeprefix("user:")
-            rec["work_excess_ms"] = float(cand[wp])
-            rec["work_share"] = float(step_share.loc[r, wp])
-        else:
-            best = step_ex.loc[r].idxmax() if phases and step_ex.loc[r].notna().any() else None
-            rec["work_phase"] = "" if best is None else str(best).removeprefix("user:")
-            rec["work_excess_ms"] = float(step_ex.loc[r, best]) if best is not None else np.nan
-            rec["work_share"] = float(step_share.loc[r, best]) if best is not None else 0.0
+            rec["work_phase"], rec["work_excess_ms"], rec["work_share"] = "", np.nan, 0.0
         rec["work_floor_ms"] = work_floor_ns / 1e6
         enough = n_ranks >= 2 and int(n_steps.get(r, 0)) >= cfg.min_steps
         late_ok = np.isfinite(rec["late_ms"]) and rec["late_ms"] > rec["late_floor_ms"]
@@ -282,11 +281,11 @@ def straggler_table(
         rec["by_arrival"] = bool(
             enough and rec["last_share"] >= need_last and late_ok and explained
         )
-        rec["by_work"] = bool(enough and len(cand) > 0)
+        rec["by_work"] = bool(enough and n_cand > 0)
         if not rec["by_arrival"] and rec["by_work"]:
             # named for consistently slow work: name that phase (or the user span inside it)
             phase = rec["work_phase"]
-            phase_ex = float(med_excess.loc[r, _col(rec["work_phase"], phases)])
+            phase_ex = float(me[i, phases.index(_col(rec["work_phase"], phases))])
         rec["phase"], rec["phase_excess_ms"] = phase, phase_ex
         rec["named"] = rec["by_arrival"] or rec["by_work"]
         rec["reason"] = _reason(rec) if rec["named"] else ""
@@ -322,16 +321,25 @@ def _col(phase: str, phases: list[str]) -> str:
     return phase if phase in phases else f"user:{phase}"
 
 
-def _specific_phase(ex: pd.Series, rec: dict[str, Any], cfg: StragglerConfig) -> tuple[str, float]:
-    """Return the built-in phase with the largest excess, or a user span explaining most of it."""
+def _nanargmax(x: np.ndarray) -> int | None:
+    """Index of the largest non-NaN value of ``x`` (first on ties), or None if there is none."""
+    if x.size == 0 or not np.isfinite(x).any():
+        return None
+    return int(np.nanargmax(x))
+
+
+def _specific_phase(
+    users: np.ndarray, names: list[str], rec: dict[str, Any], cfg: StragglerConfig
+) -> tuple[str, float]:
+    """Return the built-in phase with the largest excess, or a user span explaining most of it.
+
+    ``users``: the rank's excess (ms) of each user span ``names`` (``user:NAME``)."""
     bp, bx = rec["builtin_phase"], rec["builtin_excess_ms"]
     if not bp:
         return "", float("nan")
-    users = ex[[c for c in ex.index if c.startswith("user:")]]
-    if len(users) and users.notna().any():
-        up = str(users.idxmax())
-        if bx > 0 and users[up] >= cfg.user_prefer_frac * bx:
-            return up.removeprefix("user:"), float(users[up])
+    k = _nanargmax(users)
+    if k is not None and bx > 0 and users[k] >= cfg.user_prefer_frac * bx:
+        return names[k].removeprefix("user:"), float(users[k])
     return bp, float(bx)
 
 

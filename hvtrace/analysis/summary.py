@@ -240,7 +240,7 @@ def analyze(
     h0 = run.files[run.ranks[0]].header if run.files else {}
     if config is None:
         config = StragglerConfig.for_timing(h0.get("timing"))
-    sources = sources_for_run(run)
+    sources = sources_for_run(run, steps)
     salvaged: list[str] = []
 
     def repair(group: list[RankSource]) -> list[RankSource]:
@@ -291,7 +291,7 @@ def analyze(
         raise TraceError(f"{run.run_dir}: {exc}") from None
     a.read = {
         "spans": summ.spans_read,
-        "spans_total": sum(s.n_spans for s in sources),
+        "spans_total": sum(int(f.n_spans) for f in run.files.values()),
         "files": len(sources),
         "files_total": int(run.size),
         "row_groups": summ.row_groups_read,

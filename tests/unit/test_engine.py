@@ -171,3 +171,20 @@ def test_rank_subset_keeps_rank0_clock_and_its_ranks_figures() -> None:
     for c in ("step_ms", "input_ms", "forward_ms", "backward_ms", "update_ms", "allreduce_ms"):
         assert _close(pw[c], pp[c], 1e-9), c
     assert list(part.stragglers["rank"]) == [2]
+
+
+def test_groups_and_merges_give_the_same_summaries(tmp_path: Path, monkeypatch) -> None:
+    """Split into many groups, with the collectives accumulator merged after every group, the
+    engine gives the same tables as in one group."""
+    from hvtrace.analysis import engine
+    from hvtrace.analysis.engine import sources_for_run
+
+    synth = _synth_module()
+    synth.write_synth_run(tmp_path, ranks=5, steps=30, tensors=6, slow_rank=2)
+    sources = sources_for_run(open_run(tmp_path))
+    one = summarize(sources)
+    monkeypatch.setattr(engine.Engine, "MERGE_ROWS", 10)
+    many = summarize(sources, max_group_spans=1)  # one rank per group
+    pd.testing.assert_frame_equal(one.steps, many.steps)
+    pd.testing.assert_frame_equal(one.collectives, many.collectives)
+    assert (one.collectives["n_ranks"] == 5).all() and len(one.collectives) == 30 * 6
