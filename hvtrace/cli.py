@@ -26,9 +26,9 @@ Command = Callable[[argparse.Namespace], int]
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from hvtrace.export.info import format_info
-    from hvtrace.load import load_run
+    from hvtrace.load import open_run
 
-    run = load_run(args.run_dir, run_id=args.run_id)
+    run = open_run(args.run_dir, run_id=args.run_id)
     print(format_info(run))
     return 0
 

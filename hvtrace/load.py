@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -171,6 +171,84 @@ def salvage(rf: RankFile) -> str | None:
         return None
     rf.truncated, rf.n_spans = True, table.num_rows
     return _problem(rf.path, f"{err}; {table.num_rows} spans kept")
+
+
+@dataclass
+class RankSource:
+    """One rank's spans as a query engine reads them (:func:`span_relation`).
+
+    ``parquet``: a compacted file's path (DuckDB reads it directly, skipping row groups);
+    otherwise ``table``: an Arrow table (an IPC stream read by :mod:`hvtrace.load`, or a span
+    frame). ``clock``: the estimates that move its times onto rank 0's clock (empty: already
+    there). ``rank`` None: the table has its own ``rank`` column (a whole span frame).
+    """
+
+    rank: int | None
+    n_spans: int
+    parquet: str | None = None
+    table: Any = None
+    clock: list[Any] = field(default_factory=list)
+    #: Row groups of a Parquet file that the step selection needs, and how many it has.
+    row_groups_read: int = 0
+    row_groups_total: int = 0
+
+
+def span_sources(run: Run, steps: StepRange | None = None) -> list[RankSource]:
+    """Return the sources a query engine reads a run's spans from (by rank).
+
+    A compacted file is read by DuckDB from its path (``n_spans``: the rows of the row groups
+    ``steps`` needs, which sizes the groups); a stream (live or crashed rank) from the table
+    :mod:`hvtrace.load` read.
+    """
+    out = []
+    for r, rf in sorted(run.files.items()):
+        if rf.format == "parquet" and not rf.spans_read:
+            out.append(
+                RankSource(
+                    int(r),
+                    int(rf.rows_in(steps)),
+                    parquet=str(rf.path),
+                    clock=rf.clock,
+                    row_groups_read=len(rf.row_groups(steps)),
+                    row_groups_total=len(rf.row_group_steps),
+                )
+            )
+        else:
+            out.append(RankSource(int(r), int(rf.table.num_rows), table=rf.table, clock=rf.clock))
+    return out
+
+
+def span_relation(
+    con: Any, sources: Sequence[RankSource], new_name: Callable[[], str]
+) -> tuple[str, dict[str, Any], list[str]]:
+    """Return ``(sql, params, registered)``: one DuckDB relation of ``sources`` with a ``rank``
+    column and the columns ``step, kind, name, start_ns, end_ns, bytes, dtype``.
+
+    Parquet files are read by one ``read_parquet`` (their paths are parameters, never spliced
+    into SQL; the rank is looked up by file index); in-memory tables are registered on ``con``
+    under names from ``new_name()``, listed in ``registered`` for the caller to unregister.
+    """
+    parts: list[str] = []
+    params: dict[str, Any] = {}
+    registered: list[str] = []
+    cols = "step, kind, name, start_ns, end_ns, bytes, dtype"
+    files = [s for s in sources if s.parquet is not None]
+    if files:
+        params["files"] = [str(s.parquet) for s in files]
+        params["ranks"] = [int(s.rank if s.rank is not None else -1) for s in files]
+        parts.append(
+            "SELECT list_extract($ranks, file_index::INTEGER + 1)::INTEGER AS rank, "
+            f"{cols} FROM read_parquet($files)"
+        )
+    for s in sources:
+        if s.parquet is not None:
+            continue
+        raw = new_name()
+        con.register(raw, s.table)
+        registered.append(raw)
+        rank = "rank::INTEGER AS rank" if s.rank is None else f"{int(s.rank)}::INTEGER AS rank"
+        parts.append(f"SELECT {rank}, {cols} FROM {raw}")
+    return " UNION ALL ".join(parts), params, registered
 
 
 def _step_mask(col: Any, steps: StepRange) -> Any:

@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ import pandas as pd
 from hvtrace.analysis.bandwidth import finish_collectives
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
 from hvtrace.clock import offset_at
+from hvtrace.load import RankSource, span_relation
 from hvtrace.schema import KINDS
 from hvtrace.selection import StepRange
 
@@ -92,26 +93,6 @@ def parse_size(text: str) -> int:
 
 
 @dataclass
-class RankSource:
-    """One rank's spans as the engine reads them.
-
-    ``parquet``: a compacted file's path (DuckDB reads it directly, skipping row groups);
-    otherwise ``table``: an Arrow table (an IPC stream read by :mod:`hvtrace.load`, or a span
-    frame). ``clock``: the estimates that move its times onto rank 0's clock (empty: already
-    there). ``rank`` None: the table has its own ``rank`` column (a whole span frame).
-    """
-
-    rank: int | None
-    n_spans: int
-    parquet: str | None = None
-    table: Any = None
-    clock: list[Any] = field(default_factory=list)
-    #: Row groups of a Parquet file that the step selection needs, and how many it has.
-    row_groups_read: int = 0
-    row_groups_total: int = 0
-
-
-@dataclass
 class GroupSummary:
     """What :func:`rank_pass` returns for one group of ranks (all small)."""
 
@@ -141,7 +122,7 @@ class Engine:
         self.con.execute("SET parquet_metadata_cache = true")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
-        self._views = 0
+        self._names = _Names()
         self._acc_rows = 0  # rows in the collectives accumulator (see _accumulate)
         self._acc_merged = 0  # its size after the last merge
 
@@ -158,35 +139,6 @@ class Engine:
         finally:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
-    def _source(self, sources: Sequence[RankSource]) -> tuple[str, dict[str, Any], list[str]]:
-        """Return ``(sql, params, registered)``: one relation of ``sources`` with a rank column.
-
-        Parquet files are read by one ``read_parquet`` (paths are parameters, never spliced into
-        SQL) and their rank looked up by file index; in-memory tables are registered.
-        """
-        parts: list[str] = []
-        params: dict[str, Any] = {}
-        registered: list[str] = []
-        cols = "step, kind, name, start_ns, end_ns, bytes, dtype"
-        files = [s for s in sources if s.parquet is not None]
-        if files:
-            params["files"] = [str(s.parquet) for s in files]
-            params["ranks"] = [int(s.rank if s.rank is not None else -1) for s in files]
-            parts.append(
-                "SELECT list_extract($ranks, file_index::INTEGER + 1)::INTEGER AS rank, "
-                f"{cols} FROM read_parquet($files)"
-            )
-        for s in sources:
-            if s.parquet is not None:
-                continue
-            self._views += 1
-            raw = f"hv_table_{self._views}"
-            self.con.register(raw, s.table)
-            registered.append(raw)
-            rank = "rank::INTEGER AS rank" if s.rank is None else f"{int(s.rank)}::INTEGER AS rank"
-            parts.append(f"SELECT {rank}, {cols} FROM {raw}")
-        return " UNION ALL ".join(parts), params, registered
-
     def rank_pass(self, sources: Sequence[RankSource], steps: StepRange | None) -> GroupSummary:
         """Run the per-rank pass over ``sources`` (one group); see the module docstring.
 
@@ -201,7 +153,7 @@ class Engine:
     def fetch(self, sources: Sequence[RankSource], steps: StepRange | None) -> dict[str, Any]:
         """Stage 1 (DuckDB): the group's spans of ``steps`` that are a step's work, as numpy
         columns ``rank``, ``step``, ``k`` (kind code), ``start_ns``, ``end_ns``, ``bytes``."""
-        src, params, registered = self._source(sources)
+        src, params, registered = span_relation(self.con, sources, self._names)
         try:
             where = steps.sql("step") if steps is not None else "TRUE"
             table = self.con.sql(
@@ -229,7 +181,7 @@ class Engine:
         is built). With ``accumulate`` the partial collectives stay in the engine, merged with
         the other groups' (:meth:`collectives` returns them); else they are in the result."""
         con = self.con
-        src, params, registered = self._source(sources)
+        src, params, registered = span_relation(self.con, sources, self._names)
         where = steps.sql("s.step") if steps is not None else "TRUE"
         table = f"({src})"
         try:
@@ -315,6 +267,17 @@ class Engine:
     def _unregister(self, names: Iterable[str]) -> None:
         for name in names:
             self.con.unregister(name)
+
+
+class _Names:
+    """Unique names for the tables an engine registers (``hv_table_1``, ...)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+
+    def __call__(self) -> str:
+        self._n += 1
+        return f"hv_table_{self._n}"
 
 
 def reduce_steps(
@@ -441,29 +404,19 @@ def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summ
     return summarize([RankSource(None, n, table=table)], steps)
 
 
-def sources_for_run(run: Any, steps: StepRange | None = None) -> list[RankSource]:
-    """Return the engine's sources for an opened :class:`hvtrace.Run` (by rank).
-
-    A compacted file is read by DuckDB from its path (``n_spans``: the rows of the row groups
-    ``steps`` needs, which sizes the groups); a stream (live or crashed rank) from the table
-    :mod:`hvtrace.load` read.
-    """
-    out = []
-    for r, rf in sorted(run.files.items()):
-        if rf.format == "parquet" and not rf.spans_read:
-            out.append(
-                RankSource(
-                    int(r),
-                    int(rf.rows_in(steps)),
-                    parquet=str(rf.path),
-                    clock=rf.clock,
-                    row_groups_read=len(rf.row_groups(steps)),
-                    row_groups_total=len(rf.row_group_steps),
-                )
-            )
-        else:
-            out.append(RankSource(int(r), int(rf.table.num_rows), table=rf.table, clock=rf.clock))
-    return out
+def kind_counts(sources: Sequence[RankSource]) -> pd.DataFrame:
+    """Spans per (rank, kind) in ``sources``, counted by DuckDB (only the ``kind`` column of a
+    Parquet file is decoded). Columns ``rank``, ``kind``, ``spans``."""
+    with Engine(threads=1) as eng:
+        src, params, registered = span_relation(eng.con, sources, eng._names)
+        try:
+            return eng.con.execute(
+                f"SELECT rank, kind, count(*) AS spans FROM ({src}) GROUP BY rank, kind "
+                "ORDER BY rank, kind",
+                params,
+            ).df()
+        finally:
+            eng._unregister(registered)
 
 
 class EngineError(Exception):

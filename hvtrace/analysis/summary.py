@@ -232,15 +232,15 @@ def analyze(
     ``progress(done, total)``: called as ranks are done. Raises :class:`hvtrace.TraceError` when
     the run (or the step selection) holds no spans.
     """
-    from hvtrace.analysis.engine import EngineError, RankSource, sources_for_run, summarize
+    from hvtrace.analysis.engine import EngineError, summarize
     from hvtrace.errors import TraceError
-    from hvtrace.load import salvage
+    from hvtrace.load import RankSource, salvage, span_sources
 
     steps = StepRange.of(steps)
     h0 = run.files[run.ranks[0]].header if run.files else {}
     if config is None:
         config = StragglerConfig.for_timing(h0.get("timing"))
-    sources = sources_for_run(run, steps)
+    sources = span_sources(run, steps)
     salvaged: list[str] = []
 
     def repair(group: list[RankSource]) -> list[RankSource]:

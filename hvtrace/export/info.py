@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from hvtrace.load import Run
+from hvtrace.load import Run, span_sources
 
 
 def format_info(run: Run) -> str:
-    """Return a plain-text summary of a run: one line per rank, then problems and clock note."""
+    """Return a plain-text summary of a run: one line per rank, then problems and clock note.
+
+    Spans are counted by the query engine, file by file: a run of any size is never loaded."""
+    from hvtrace.analysis.engine import kind_counts
+
+    kc = kind_counts(span_sources(run))
+    counts = kc.set_index(["rank", "kind"])["spans"]
+    steps = kc[kc["kind"] == "step"].set_index("rank")["spans"]
     lines = [f"run {run.run_id}: {run.size} rank(s), directory {run.run_dir}"]
-    counts = run.spans.groupby(["rank", "kind"], observed=True).size()
-    steps = run.spans[run.spans["kind"] == "step"].groupby("rank").size()
     lines.append(
         f"{'rank':>4} {'host':<14} {'steps':>6} {'spans':>8} {'allreduce':>9} "
         f"{'B/span':>6} {'state':<10} file"
@@ -23,7 +28,7 @@ def format_info(run: Run) -> str:
             f"{r:>4} {str(f.header.get('host', '?'))[:14]:<14} {int(steps.get(r, 0)):>6} "
             f"{f.spans:>8} {n_ar:>9} {size_b / max(f.spans, 1):>6.1f} {state:<10} {f.path}"
         )
-    kinds = run.spans["kind"].value_counts()
+    kinds = kc.groupby("kind")["spans"].sum().sort_values(ascending=False)
     lines.append("spans by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.items() if n))
     h0 = run.files[run.ranks[0]].header
     lines.append(

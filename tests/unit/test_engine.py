@@ -21,9 +21,9 @@ import pytest
 from analysis_frames import synth_spans
 
 from hvtrace.analysis import analyze, analyze_spans
-from hvtrace.analysis.engine import RankSource, parse_size, summarize
+from hvtrace.analysis.engine import parse_size, summarize
 from hvtrace.analysis.stragglers import clock_uncertainty_ns
-from hvtrace.load import load_run, open_run
+from hvtrace.load import RankSource, load_run, open_run
 from hvtrace.selection import StepRange
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,11 +177,11 @@ def test_groups_and_merges_give_the_same_summaries(tmp_path: Path, monkeypatch) 
     """Split into many groups, with the collectives accumulator merged after every group, the
     engine gives the same tables as in one group."""
     from hvtrace.analysis import engine
-    from hvtrace.analysis.engine import sources_for_run
+    from hvtrace.load import span_sources
 
     synth = _synth_module()
     synth.write_synth_run(tmp_path, ranks=5, steps=30, tensors=6, slow_rank=2)
-    sources = sources_for_run(open_run(tmp_path))
+    sources = span_sources(open_run(tmp_path))
     one = summarize(sources)
     monkeypatch.setattr(engine.Engine, "MERGE_ROWS", 10)
     many = summarize(sources, max_group_spans=1)  # one rank per group
