@@ -210,14 +210,23 @@ class Engine:
                     coll = con.execute(partial, params).df()
             finally:
                 con.unregister("hv_offsets")
-            users = con.execute(
-                f"""SELECT rank, step, name,
-                       sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count
+            user_sql = f"""SELECT rank, step, name,
+                    sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count
                 FROM {table} s WHERE kind = 'user'
                 AND NOT starts_with(name, '{INTERNAL_PREFIX}') AND {where}
-                GROUP BY rank, step, name ORDER BY rank, step, name""",
-                params,
-            ).df()
+                GROUP BY rank, step, name ORDER BY rank, step, name"""
+            if rows.attrs.get("has_users", True):
+                users = con.execute(user_sql, params).df()
+            else:
+                users = pd.DataFrame(
+                    {
+                        "rank": pd.Series(dtype=np.int64),
+                        "step": pd.Series(dtype=np.int64),
+                        "name": pd.Series(dtype=object),
+                        "dur_ns": pd.Series(dtype=np.int64),
+                        "count": pd.Series(dtype=np.int64),
+                    }
+                )
         finally:
             self._unregister(registered)
         rg_read = sum(s.row_groups_read for s in sources)
@@ -294,6 +303,8 @@ def reduce_steps(
         np.asarray(cols["bytes"]),
     )
     offsets = _align(rows, sources)
+    # whether the group has user spans at all (else stage 3 skips their query)
+    rows.attrs["has_users"] = bool((np.asarray(cols["k"]) == KINDS.index("user")).any())
     return rows, offsets, len(cols["k"])
 
 

@@ -407,13 +407,18 @@ def slow_hosts(
     last_host = last["rank"].map(host_of)
     n_steps = max(a["step"].nunique(), 1)
     need = cfg.last_share_needed(v["host"].nunique())
+    # steps in which some rank of each host was last
+    host_steps = pd.DataFrame({"step": last["step"], "host": last_host}).drop_duplicates()
+    last_steps = host_steps.groupby("host").size()
+    n_late = int(late.sum())
     rows = []
     for host, grp in v.groupby("host", sort=True):
         if len(grp) < 2:
             continue
-        all_late = bool(late[grp.index].all())
-        others_ok = bool((~late[v.index.difference(grp.index)]).any())
-        share = float((last_host == host).groupby(last["step"]).any().sum() / n_steps)
+        late_here = int(late[grp.index].sum())
+        all_late = late_here == len(grp)
+        others_ok = (len(v) - len(grp)) - (n_late - late_here) > 0
+        share = float(last_steps.get(host, 0) / n_steps)
         if all_late and others_ok and share >= need:
             phase = grp["phase"].replace("", np.nan).mode()
             rows.append(

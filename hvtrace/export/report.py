@@ -380,12 +380,14 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     rng = StepRange.of(a.step_range)  # a (first, stop) tuple from older callers is fine too
     per_rank = _records(a.per_rank)
     up = a.user_per_rank
+    by_rank: dict[int, dict[str, Any]] = {}
+    if len(up):
+        for r, n, v in zip(up["rank"], up["name"], up["median_ms"]):
+            by_rank.setdefault(int(r), {})[str(n)] = _clean(v)
     for rec in per_rank:
-        sub = up[up["rank"] == rec["rank"]] if len(up) else up
-        rec["user_spans_ms"] = {
-            str(n): _clean(v) for n, v in zip(sub.get("name", []), sub.get("median_ms", []))
-        }
-    return _clean(
+        rec["user_spans_ms"] = by_rank.get(int(rec["rank"]), {})
+    # the records are clean already; clean the rest
+    head = _clean(
         {
             "hvtrace_version": __version__,
             "run_id": a.run_id,
@@ -401,14 +403,16 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
                 "selected": rng.to_list() if rng is not None else None,
             },
             "read": dict(a.read),
-            "per_rank": per_rank,
-            "stragglers": _records(a.stragglers),
-            "slow_hosts": _records(a.slow_hosts),
-            "verdicts": _records(a.verdicts),
+        }
+    )
+    tail = _clean(
+        {
             "findings": [f.to_dict() for f in a.findings],
             "communication": {**a.comm, "caveat": BANDWIDTH_CAVEAT},
-            "tensors": _records(a.tensors),
-            "per_step": _records(a.per_step),
+        }
+    )
+    rest = _clean(
+        {
             "clock": {"summary": a.clock, "uncertainty_ns": a.clock_uncertainty_ns},
             "problems": a.problems,
             "missing_ranks": a.missing_ranks,
@@ -417,6 +421,17 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "optimizer": a.optimizer,
         }
     )
+    return {
+        **head,
+        "per_rank": per_rank,
+        "stragglers": _records(a.stragglers),
+        "slow_hosts": _records(a.slow_hosts),
+        "verdicts": _records(a.verdicts),
+        **tail,
+        "tensors": _records(a.tensors),
+        "per_step": _records(a.per_step),
+        **rest,
+    }
 
 
 def write_json(a: Analysis, path: str | os.PathLike) -> Path:
