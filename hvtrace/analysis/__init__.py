@@ -3,8 +3,10 @@
 Pure functions, DataFrame (or :class:`hvtrace.Run`) in, DataFrame out; times in ns or ms as the
 column names say (``_ns``, ``_ms``), bandwidth in GB/s (``_gbps``), shares in 0..1.
 
-The one-call entry points: :func:`analyze` (a Run) and :func:`analyze_spans` (a span DataFrame),
-both returning an :class:`Analysis`. The building blocks, for a dashboard or a notebook:
+The one-call entry points: :func:`analyze` (an opened Run, read file by file on the DuckDB engine
+of :mod:`hvtrace.analysis.engine`) and :func:`analyze_spans` (a span DataFrame, through the same
+engine), both returning an :class:`Analysis`; :func:`analyze_tables` does the cross-rank half from
+the engine's summaries. The building blocks, for a dashboard or a notebook:
 
 - :func:`step_table` (per rank and step), :func:`rank_summary` (per rank), :func:`user_table`,
   :func:`user_summary`, :func:`step_summary` (per step, across ranks);
@@ -41,7 +43,13 @@ from hvtrace.analysis.stragglers import (
     slow_hosts,
     straggler_table,
 )
-from hvtrace.analysis.summary import Analysis, analyze, analyze_spans, step_summary
+from hvtrace.analysis.summary import (
+    Analysis,
+    analyze,
+    analyze_spans,
+    analyze_tables,
+    step_summary,
+)
 
 __all__ = [
     "BANDWIDTH_CAVEAT",
@@ -51,6 +59,7 @@ __all__ = [
     "StragglerConfig",
     "analyze",
     "analyze_spans",
+    "analyze_tables",
     "analyzed_steps",
     "arrival_table",
     "bus_factor",
