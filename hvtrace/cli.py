@@ -70,6 +70,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from hvtrace.analysis import analyze
     from hvtrace.analysis.engine import parse_size
+    from hvtrace.export.output import check_output
     from hvtrace.export.report import (
         WIDTH,
         format_report,
@@ -78,7 +79,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         write_tables,
         write_timeline,
     )
-    from hvtrace.load import open_run
+    from hvtrace.load import find_trace_files, open_run
 
     if args.skip_steps < 0:
         raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
@@ -88,10 +89,19 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             memory = parse_size(args.memory_limit)
         except ValueError as exc:
             raise TraceError(f"--memory-limit: {exc}") from None
+        if memory < 64 << 20:
+            raise TraceError(f"--memory-limit {args.memory_limit} is too small (at least 64MiB)")
     steps = args.steps
+    # every trace file there, opened or not: an output never replaces one (checked before the
+    # analysis, so that a bad output path costs nothing)
+    inputs = find_trace_files(args.run_dir)
+    for out in (args.json, args.timeline):
+        if out and out != "-":
+            check_output(out, inputs)
     run = open_run(
         args.run_dir, run_id=args.run_id, ranks=args.ranks, progress=_progress("opening files")
     )
+    inputs += [f.path for f in run.files.values()]
     with _RankProgress("analyzing ranks") as progress:
         a = analyze(
             run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
@@ -100,7 +110,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     to_stdout = args.json == "-"
     notes = []
     if args.json:
-        p = write_json(a, args.json)
+        p = write_json(a, args.json, inputs)
         if not to_stdout:
             notes.append(f"summary: {p}")
     for fmt, d in (("csv", args.csv), ("parquet", args.parquet)):
@@ -108,10 +118,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             spans = run.spans
             if steps is not None:
                 spans = spans[steps.mask(spans["step"])]
-            files = write_tables(a, d, fmt, spans=spans)
+            files = write_tables(a, d, fmt, spans=spans, inputs=inputs)
             notes.append(f"{fmt} tables: {len(files)} files in {d}")
     if args.timeline:
-        notes.append(write_timeline(run, a, args.timeline, steps))
+        notes.append(write_timeline(run, a, args.timeline, steps, inputs))
     if not to_stdout:
         print(format_report(a))
         if notes:

@@ -115,13 +115,17 @@ class Engine:
 
         self.memory_limit_bytes = int(memory_limit_bytes or default_memory_limit_bytes())
         self.spill_dir = tempfile.mkdtemp(prefix="hvtrace-duckdb-")
-        self.con = duckdb.connect(":memory:")
-        self.con.execute(f"SET memory_limit = '{self.memory_limit_bytes // (1 << 20)}MiB'")
-        self.con.execute("SET temp_directory = ?", [self.spill_dir])
-        self.con.execute("SET preserve_insertion_order = true")
-        self.con.execute("SET parquet_metadata_cache = true")
-        if threads:
-            self.con.execute(f"SET threads = {int(threads)}")
+        try:
+            self.con = duckdb.connect(":memory:")
+            self.con.execute(f"SET memory_limit = '{self.memory_limit_bytes // (1 << 20)}MiB'")
+            self.con.execute("SET temp_directory = ?", [self.spill_dir])
+            self.con.execute("SET preserve_insertion_order = true")
+            self.con.execute("SET parquet_metadata_cache = true")
+            if threads:
+                self.con.execute(f"SET threads = {int(threads)}")
+        except BaseException:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+            raise
         self._names = _Names()
         self._acc_rows = 0  # rows in the collectives accumulator (see _accumulate)
         self._acc_merged = 0  # its size after the last merge

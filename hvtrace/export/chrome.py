@@ -40,8 +40,9 @@ import heapq
 import json
 import logging
 import os
+import tempfile
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hvtrace.errors import TraceError
+from hvtrace.export.output import check_output, make_output_dir
 from hvtrace.load import Run
 from hvtrace.schema import KINDS
 from hvtrace.selection import SelectionError, StepRange
@@ -807,6 +809,7 @@ def write_chrome_trace(
     max_events: int = 1_000_000,
     max_bytes: int = 256 * 2**20,
     hosts: dict[int, str] | None = None,
+    inputs: Iterable[str | os.PathLike] = (),
 ) -> list[Path]:
     """Write the merged timeline of ``run`` as Chrome trace JSON; return the files written.
 
@@ -816,11 +819,18 @@ def write_chrome_trace(
     then not written), each with all process and thread metadata. A single step larger than one
     file is cut between collectives. ``steps`` and ``steps_df``: see :func:`chrome_events`.
     Raises :class:`~hvtrace.load.TraceError` when there is nothing to export.
+
+    Files are written as :func:`hvtrace.export.output.open_output` writes: each part to an
+    exclusive temporary file renamed when complete; a device or FIFO (``/dev/null``) written
+    through (one part only); never over one of ``inputs`` (the run's trace files).
     """
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    inputs = list(inputs)
+    kind = check_output(out, inputs)
+    if kind != "stream":
+        make_output_dir(out.parent)
     t = _build(_source(run, hosts), _check_steps(steps), steps_df)
-    writer = _PartWriter(out, t, max_events, max_bytes)
+    writer = _PartWriter(out, t, max_events, max_bytes, stream=kind == "stream", inputs=inputs)
     try:
         for (lo, hi), arr in _strings_in_order(t):
             writer.add_batch(arr, t.e_type[lo:hi], t.e_step[lo:hi], t.e_unit[lo:hi])
@@ -850,8 +860,18 @@ def _part_paths(out: Path, n: int) -> list[Path]:
 class _PartWriter:
     """Greedily fills parts with whole steps (or, for a step too big for one part, whole units)."""
 
-    def __init__(self, out: Path, t: _Table, max_events: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        out: Path,
+        t: _Table,
+        max_events: int,
+        max_bytes: int,
+        stream: bool = False,
+        inputs: list[Any] | None = None,
+    ) -> None:
         self.out = out
+        self.stream = stream  # a device or FIFO: written through, one part only
+        self.inputs = inputs or []
         self.gz = out.name.endswith(".gz")
         sep = (",\n").join(json.dumps(m, separators=(",", ":")) for m in t.meta)
         self.head = ('{"traceEvents":[\n' + sep).encode()
@@ -890,9 +910,20 @@ class _PartWriter:
 
     # -- files
     def _open(self) -> None:
-        tmp = self.out.with_name(f".{self.out.name}.{len(self.tmp):03d}.tmp")
-        self.tmp.append(tmp)
-        raw = open(tmp, "wb")  # noqa: SIM115 - closed in _close
+        if self.stream:
+            if self.tmp:
+                raise TraceError(
+                    f"{self.out}: the timeline needs more than one part, which a device or FIFO "
+                    "cannot hold; write it to a file, or cut it with --steps"
+                )
+            self.tmp.append(self.out)
+            raw = open(self.out, "wb")  # noqa: SIM115 - closed in _close
+        else:
+            # exclusive, unpredictable name beside the output: a planted link is never followed
+            fd, name = tempfile.mkstemp(prefix=f".{self.out.name}.", suffix=".tmp",
+                                        dir=self.out.parent)  # fmt: skip
+            self.tmp.append(Path(name))
+            raw = os.fdopen(fd, "wb")
         self.f = (
             gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0)
             if self.gz
@@ -1004,7 +1035,13 @@ class _PartWriter:
                 "%d event(s) are larger than max_bytes allows; written alone in their part",
                 self.oversized_elements,
             )
+        if self.stream:
+            self.tmp = []
+            return [self.out]
         paths = _part_paths(self.out, len(self.tmp))
+        for final in paths:
+            if check_output(final, self.inputs) == "stream":
+                raise TraceError(f"{final}: is a device or FIFO, not a file for a part")
         for tmp, final in zip(self.tmp, paths):
             os.replace(tmp, final)
         self.tmp = []
@@ -1023,7 +1060,7 @@ class _PartWriter:
                     self._raw.close()
         finally:
             self.f = None
-            for p in self.tmp:
+            for p in self.tmp if not self.stream else []:
                 try:
                     p.unlink()
                 except OSError:

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pandas as pd
 from hvtrace.analysis import Analysis
 from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
 from hvtrace.errors import TraceError
+from hvtrace.export.output import make_output_dir, open_output
 from hvtrace.selection import StepRange
 from hvtrace.units import format_bytes
 
@@ -434,14 +435,20 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     }
 
 
-def write_json(a: Analysis, path: str | os.PathLike) -> Path:
-    """Write :func:`analysis_to_dict` to ``path`` (``-``: stdout); return the path."""
+def write_json(
+    a: Analysis, path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """Write :func:`analysis_to_dict` to ``path`` (``-``: stdout); return the path.
+
+    Written whole or not at all, never over one of ``inputs`` (see
+    :func:`hvtrace.export.output.open_output`)."""
     text = json.dumps(analysis_to_dict(a), indent=1)
     if str(path) == "-":
         sys.stdout.write(text + "\n")
         return Path("-")
     p = Path(path)
-    _write(p, lambda: p.write_text(text + "\n"))
+    with open_output(p, inputs) as f:
+        f.write((text + "\n").encode())
     return p
 
 
@@ -480,41 +487,46 @@ def _to_arrow(df: pd.DataFrame) -> Any:
 
 
 def write_tables(
-    a: Analysis, out_dir: str | os.PathLike, fmt: str = "csv", spans: pd.DataFrame | None = None
+    a: Analysis,
+    out_dir: str | os.PathLike,
+    fmt: str = "csv",
+    spans: pd.DataFrame | None = None,
+    inputs: Iterable[str | os.PathLike] = (),
 ) -> list[Path]:
     """Write :func:`export_tables` into ``out_dir`` as ``NAME.csv`` or ``NAME.parquet``.
 
-    Returns the files written. Raises :class:`TraceError` when the directory cannot be written.
+    Each file is written whole or not at all, never over one of ``inputs``. Returns the files
+    written. Raises :class:`TraceError` when the directory cannot be written.
     """
     if fmt not in ("csv", "parquet"):
         raise ValueError(f"fmt must be 'csv' or 'parquet', not {fmt!r}")
-    d = Path(out_dir)
-    _write(d, lambda: d.mkdir(parents=True, exist_ok=True))
+    d = make_output_dir(out_dir)
+    inputs = list(inputs)
     written = []
     for name, df in export_tables(a, spans).items():
         p = d / f"{name}.{fmt}"
         table = _to_arrow(df)
-        if fmt == "csv":
-            import pyarrow.csv as pacsv
+        with open_output(p, inputs) as f:
+            if fmt == "csv":
+                import pyarrow.csv as pacsv
 
-            _write(p, lambda p=p, table=table: pacsv.write_csv(table, str(p)))
-        else:
-            import pyarrow.parquet as pq
+                pacsv.write_csv(table, f)
+            else:
+                import pyarrow.parquet as pq
 
-            _write(p, lambda p=p, table=table: pq.write_table(table, str(p)))
+                pq.write_table(table, f)
         written.append(p)
     return written
 
 
-def _write(path: Path, fn: Callable[[], Any]) -> None:
-    try:
-        fn()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot write ({exc.strerror or exc})") from None
-
-
 # -- the timeline ----------------------------------------------------------------------------------
-def write_timeline(run: Any, a: Analysis, path: str, steps: StepRange | None) -> str:
+def write_timeline(
+    run: Any,
+    a: Analysis,
+    path: str,
+    steps: StepRange | None,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> str:
     """Write the merged timeline of ``run`` (rendered from ``a``); return a note naming the file(s).
 
     Raises :class:`TraceError` (one line) when it cannot be written.
@@ -524,7 +536,7 @@ def write_timeline(run: Any, a: Analysis, path: str, steps: StepRange | None) ->
     except ImportError as exc:
         raise TraceError(f"cannot write the timeline: {exc}") from None
     try:
-        files = write_chrome_trace(run, path, steps=steps, steps_df=a.steps)
+        files = write_chrome_trace(run, path, steps=steps, steps_df=a.steps, inputs=inputs)
     except ValueError as exc:
         raise TraceError(f"{path}: {exc}") from None
     except OSError as exc:

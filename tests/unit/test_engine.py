@@ -188,3 +188,19 @@ def test_groups_and_merges_give_the_same_summaries(tmp_path: Path, monkeypatch) 
     pd.testing.assert_frame_equal(one.steps, many.steps)
     pd.testing.assert_frame_equal(one.collectives, many.collectives)
     assert (one.collectives["n_ranks"] == 5).all() and len(one.collectives) == 30 * 6
+
+
+def test_cli_says_what_it_read_and_rejects_bad_limits(capsys) -> None:
+    from hvtrace.cli import main
+
+    sample = str(SAMPLES / "slow_rank2_input_4rank")
+    assert main(["analyze", sample, "--ranks", "1-3", "--steps", "5:15"]) == 0
+    out = capsys.readouterr().out
+    assert "read: " in out and "3 of 4 ranks' files" in out and "selected steps 5..14" in out
+    for bad in ("lots", "1MB"):
+        assert main(["analyze", sample, "--memory-limit", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("hvtrace: error: --memory-limit") and "\n" not in err
+    assert main(["info", sample]) == 0
+    out = capsys.readouterr().out
+    assert "spans by kind: allreduce 1600" in out

@@ -1,0 +1,124 @@
+"""Outputs never harm what is there: devices and FIFOs are written through, never replaced; inputs
+are refused; temporary files are exclusive; a file is written whole or left untouched.
+
+(Issue "Hostile and broken input", classes 1, 3 and 9.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from hvtrace.cli import main
+from hvtrace.errors import TraceError
+from hvtrace.export.output import open_output
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "balanced_2rank"
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(SAMPLE, d)
+    return d
+
+
+def _sums(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hvtrace: error: ") and "\n" not in err, err
+    return err
+
+
+def test_dev_null_is_written_through(run: Path, capsys) -> None:
+    assert main(["analyze", str(run), "-o", "/dev/null", "--json", "/dev/null"]) == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@root_only
+def test_a_full_device_says_no_space_and_stays_a_device(run: Path, tmp_path: Path, capsys) -> None:
+    full = tmp_path / "full"
+    os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))  # what /dev/full is
+    for opt in ("--json", "-o"):
+        assert main(["analyze", str(run), opt, str(full)]) == 2
+        assert "No space left" in _one_line_error(capsys)
+        assert stat.S_ISCHR(os.lstat(full).st_mode)
+
+
+def test_a_fifo_gets_the_output(run: Path, tmp_path: Path, capsys) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["analyze", str(run), "--json", str(fifo)]) == 0
+    reader.join(30)
+    assert json.loads(got[0])["run_id"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_an_input_is_never_an_output(run: Path, tmp_path: Path, capsys) -> None:
+    before = _sums(run)
+    rank_file = sorted(run.iterdir())[0]
+    link = tmp_path / "innocent.json"
+    link.symlink_to(rank_file)
+    for opt in ("--json", "-o"):
+        for target in (rank_file, link):
+            assert main(["analyze", str(run), opt, str(target)]) == 2
+            assert "is an input of this analysis" in _one_line_error(capsys)
+    assert _sums(run) == before
+    assert main(["analyze", str(run), "--json", str(run)]) == 2
+    assert "a directory" in _one_line_error(capsys)
+    assert _sums(run) == before
+
+
+def test_planted_links_at_temp_names_are_not_followed(run: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("report.json", "timeline.json"):
+        for i in range(3):  # the names the old code used, and a few more
+            (out / f".{name}.{i:03d}.tmp").symlink_to(victim)
+    assert main(["analyze", str(run), "--json", str(out / "report.json"),
+                 "-o", str(out / "timeline.json")]) == 0  # fmt: skip
+    assert victim.read_text() == "precious"
+    assert json.loads((out / "report.json").read_text())["run_id"]
+    assert json.loads((out / "timeline.json").read_text())["traceEvents"]
+    mode = stat.S_IMODE(os.stat(out / "report.json").st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # not mkstemp's 0600
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
+    p = tmp_path / "report.json"
+    p.write_text("old content")
+    with pytest.raises(RuntimeError), open_output(p) as f:
+        f.write(b"half of the new")
+        raise RuntimeError("disk full, say")
+    assert p.read_text() == "old content"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_table_outputs_are_checked_too(run: Path, tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "tables"
+    blocker.write_text("a file, not a directory")
+    assert main(["analyze", str(run), "--csv", str(blocker)]) == 2
+    assert "not a directory" in _one_line_error(capsys)
+    assert main(["analyze", str(run), "--parquet", str(tmp_path / "pq")]) == 0
+    assert (tmp_path / "pq" / "steps.parquet").stat().st_size > 0
+    first = sorted(run.iterdir())[0]
+    with pytest.raises(TraceError, match="is an input"), open_output(first, list(run.iterdir())):
+        pass
