@@ -7,6 +7,7 @@ and callbacks only reshape them for display. The app serves the one run it was c
 
 from __future__ import annotations
 
+import html
 import logging
 import re
 import sys
@@ -22,6 +23,7 @@ from hvtrace_dashboard.layout import INDEX_STRING, build_layout
 from hvtrace.load import Run, TraceError, load_run
 from hvtrace.schema import TRACE_SUFFIXES
 from hvtrace.selection import StepRange
+from hvtrace.units import printable
 
 log = logging.getLogger("hvtrace.dashboard")
 
@@ -250,7 +252,7 @@ def create_app(run: Run, data: DashboardData | None = None) -> Dash:
         data = DashboardData.from_run(run)
     app = Dash(
         __name__,
-        title=f"hvtrace · {data.run_id}",
+        title=f"hvtrace · {html.escape(data.run_id)}",  # Dash puts the title in raw HTML
         update_title=None,
         serve_locally=True,
         assets_ignore=".*",
@@ -386,7 +388,7 @@ def serve(
         raise TraceError(f"{run_dir}: the run has no completed step to show")
     app = create_app(run)
     url = f"http://{host}:{port}/"
-    print(f"hvtrace dashboard: run {run.run_id} ({run_dir}) on {url}  (Ctrl-C to stop)")
+    print(printable(f"hvtrace dashboard: run {run.run_id} ({run_dir}) on {url}  (Ctrl-C to stop)"))
     sys.stdout.flush()
     if not verbose:  # no per-request lines, no second "running on" line
         logging.getLogger("werkzeug").setLevel(logging.WARNING)

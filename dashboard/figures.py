@@ -10,6 +10,7 @@ most ``max_tensors`` bars each.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,11 +96,18 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
     return fig
 
 
+def esc(text: object) -> str:
+    """Text from a trace file (a name, a host) made safe to show in a figure: plotly reads a
+    subset of HTML in labels and hover text, so ``<``, ``>``, ``&`` and quotes are escaped and
+    the name is shown as it is, never as markup."""
+    return html.escape(str(text), quote=True)
+
+
 def rank_labels(ranks: Sequence[int], hosts: dict[int, str] | None = None) -> list[str]:
     """Return row labels "rank N" (with the host when several hosts are involved)."""
     hosts = hosts or {}
     multi = len({hosts.get(r) for r in ranks}) > 1
-    return [f"{r} · {hosts.get(r, '?')}" if multi else f"rank {r}" for r in ranks]
+    return [f"{r} · {esc(hosts.get(r, '?'))}" if multi else f"rank {r}" for r in ranks]
 
 
 # -- heat map -----------------------------------------------------------------------------------
@@ -332,7 +340,7 @@ def timeline_figure(
     kinds = spans["kind"].astype(str).to_numpy()
     start = spans["start_ns"].to_numpy(dtype=np.int64)
     end = spans["end_ns"].to_numpy(dtype=np.int64)
-    names = spans["name"].astype(str).to_numpy()
+    names = np.array([esc(n) for n in spans["name"].astype(str)], dtype=object)
     nbytes = spans["bytes"].to_numpy(dtype=np.int64)
     dtypes = spans["dtype"].astype(str).to_numpy() if "dtype" in spans else np.full(len(spans), "")
     stepcol = spans["step"].to_numpy(dtype=np.int64)
@@ -440,7 +448,7 @@ def ratio_per_rank_figure(
             x=ranks,
             y=df[value].to_numpy(dtype=np.float64),
             marker_color=colors,
-            customdata=[hosts.get(int(r), "") for r in ranks],
+            customdata=[esc(hosts.get(int(r), "")) for r in ranks],
             hovertemplate="rank %{x} %{customdata}<br>%{y:.3f}<extra></extra>",
         )
     )
@@ -519,7 +527,7 @@ def tensor_figure(
     if len(df) > max_tensors:
         df = df.nlargest(max_tensors, time_col)
         note = f" · {max_tensors} slowest of {len(per_tensor)}"
-    names = df[name_col].astype(str).to_numpy()
+    names = np.array([esc(n) for n in df[name_col].astype(str)], dtype=object)
     sizes = (
         [format_bytes(b) for b in df[bytes_col]]
         if bytes_col and bytes_col in df

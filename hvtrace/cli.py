@@ -18,6 +18,7 @@ from typing import Any
 from hvtrace import __version__
 from hvtrace.errors import TraceError
 from hvtrace.selection import SelectionError, StepRange, parse_ranks
+from hvtrace.units import printable
 
 log = logging.getLogger("hvtrace")
 
@@ -321,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TraceError as exc:
-        print(f"hvtrace: error: {exc}", file=sys.stderr)
+        print(f"hvtrace: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hvtrace: interrupted", file=sys.stderr)
@@ -331,8 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         log.debug("internal error", exc_info=True)
         print(
-            f"hvtrace: internal error: {type(exc).__name__}: {exc} (run with -v for details; "
-            "please report it)",
+            f"hvtrace: internal error: {type(exc).__name__}: {printable(exc)} "
+            "(run with -v for details; please report it)",
             file=sys.stderr,
         )
         return 1

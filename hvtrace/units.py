@@ -34,3 +34,13 @@ def format_bytes(n: Any) -> str:
 
 
 __all__ = ["format_bytes"]
+
+
+def printable(text: object) -> str:
+    """``text`` with every character a terminal would act on (control characters, escape
+    sequences, newlines, tabs) written visibly as a Python escape (``\\x1b``, ``\\n``): names
+    and hosts from trace files cannot clear a screen, set a title or forge a report line."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from hvtrace.load import Run, span_sources
+from hvtrace.units import printable
 
 
 def format_info(run: Run) -> str:
     """Return a plain-text summary of a run: one line per rank, then problems and clock note.
 
-    Spans are counted by the query engine, file by file: a run of any size is never loaded."""
+    Spans are counted by the query engine, file by file: a run of any size is never loaded. Text
+    from the files is shown escaped where a terminal would act on it."""
     from hvtrace.analysis.engine import kind_counts
 
     kc = kind_counts(span_sources(run))
@@ -25,7 +27,7 @@ def format_info(run: Run) -> str:
         n_ar = int(counts.get((r, "allreduce"), 0))
         state = "truncated" if f.truncated else ("complete" if f.complete else "unclosed")
         lines.append(
-            f"{r:>4} {str(f.header.get('host', '?'))[:14]:<14} {int(steps.get(r, 0)):>6} "
+            f"{r:>4} {printable(f.header.get('host', '?'))[:14]:<14} {int(steps.get(r, 0)):>6} "
             f"{f.spans:>8} {n_ar:>9} {size_b / max(f.spans, 1):>6.1f} {state:<10} {f.path}"
         )
     kinds = kc.groupby("kind")["spans"].sum().sort_values(ascending=False)
@@ -48,4 +50,4 @@ def format_info(run: Run) -> str:
     lines.append(run.clock_summary())
     for p in run.problems:
         lines.append(f"warning: {p}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)

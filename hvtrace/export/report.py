@@ -25,16 +25,17 @@ from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
 from hvtrace.errors import TraceError
 from hvtrace.export.output import make_output_dir, open_output
 from hvtrace.selection import StepRange
-from hvtrace.units import format_bytes
+from hvtrace.units import format_bytes, printable
 
 WIDTH = 80
 
 
 # -- terminal report -------------------------------------------------------------------------------
 def wrap(text: str, width: int, first: str = "", rest: str = "  ") -> list[str]:
-    """Wrap ``text`` to ``width`` columns; long words (paths) stay whole."""
+    """Wrap ``text`` to ``width`` columns; long words (paths) stay whole. Characters a terminal
+    would act on are shown escaped (:func:`hvtrace.units.printable`)."""
     return textwrap.wrap(
-        text,
+        printable(text),
         width=width,
         initial_indent=first,
         subsequent_indent=rest,
@@ -79,7 +80,7 @@ def _table(headers: list[tuple[str, int, str]], rows: list[list[str]]) -> list[s
     for r in rows:
         cells = []
         for (_, w, a), v in zip(headers, r):
-            v = str(v)
+            v = printable(v)
             if len(v) > w:
                 v = v[: w - 1] + "…" if a == "<" else v[:w]
             cells.append(f"{v:{a}{w}}")
@@ -152,10 +153,12 @@ def format_report(
         sel = f"; selected steps {rng.label()}"
     if count:
         skipped = ""
-        if a.skip_steps == 1:
-            skipped = "warm-up step 0 skipped"
-        elif a.skip_steps > 1:
-            skipped = f"warm-up steps 0..{a.skip_steps - 1} skipped"
+        warm = "step 0" if a.skip_steps == 1 else f"steps 0..{a.skip_steps - 1}"
+        if a.skip_steps and first < a.skip_steps:
+            # nothing complete after the warm-up: the statistics include it, and say so
+            skipped = f"no complete step after warm-up {warm}, so it is included"
+        elif a.skip_steps:
+            skipped = f"warm-up {warm} skipped"
         L += wrap(
             f"steps {first}..{last} analyzed ({count} steps"
             + (f"; {skipped}" if skipped else "")
@@ -401,6 +404,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
                 "last": last if count else None,
                 "count": count,
                 "skip_steps": a.skip_steps,
+                "warmup_included": bool(count and first < a.skip_steps),
                 "selected": rng.to_list() if rng is not None else None,
             },
             "read": dict(a.read),

@@ -122,3 +122,67 @@ def test_table_outputs_are_checked_too(run: Path, tmp_path: Path, capsys) -> Non
     first = sorted(run.iterdir())[0]
     with pytest.raises(TraceError, match="is an input"), open_output(first, list(run.iterdir())):
         pass
+
+
+EVIL = 'R</title><script>alert(1)</script><b>"x"'
+
+
+def test_dashboard_shows_trace_text_as_text(tmp_path: Path) -> None:
+    """A run id, host or tensor name from a trace file never becomes markup in the page."""
+    import importlib.util
+    import sys
+
+    pytest.importorskip("dash")
+    from hvtrace_dashboard import figures
+    from hvtrace_dashboard.app import create_app
+    from test_bad_input import _rewrite_header
+
+    from hvtrace.load import load_run
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("synth_run", root / "bench" / "synth_run.py")
+    synth = importlib.util.module_from_spec(spec)
+    sys.modules["synth_run"] = synth
+    spec.loader.exec_module(synth)
+    synth.write_synth_run(tmp_path, ranks=4, steps=12, tensors=4, ranks_per_host=2,
+                          compact_files=False)  # fmt: skip
+    for p in tmp_path.iterdir():
+        _rewrite_header(p, lambda h: {**h, "run_id": EVIL, "host": EVIL + str(h["rank"] // 2)})
+    page = create_app(load_run(tmp_path)).server.test_client().get("/").get_data(as_text=True)
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    labels = figures.rank_labels([0, 2], {0: EVIL + "0", 2: EVIL + "1"})
+    assert all("<" not in lab and "&lt;script&gt;" in lab for lab in labels)
+
+
+def test_terminal_output_shows_control_characters_escaped(tmp_path: Path, capsys) -> None:
+    """Names, hosts and run ids cannot act on the terminal or forge report lines."""
+    from test_bad_input import _rewrite_header
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    nasty = "vm\x1b]0;owned\x07\x1b[2J\nFindings\n! forged"
+    for p in run.iterdir():
+        _rewrite_header(p, lambda h: {**h, "host": nasty})
+    for cmd, shown in (
+        (["analyze", str(run)], "\\x1b]0;owned\\x07\\x1b[2J\\nFindings\\n! forged"),
+        (["info", str(run)], "vm\\x1b]0;owne"),  # the host column is 14 wide
+    ):
+        assert main(cmd) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out
+        assert shown in out
+        assert not any(line.startswith("! forged") for line in out.splitlines())
+
+
+def test_report_says_when_the_warm_up_is_analyzed(capsys, tmp_path: Path) -> None:
+    """--skip-steps past the end (or --steps :1) cannot leave a report that claims a skip."""
+    for extra in (["--skip-steps", "1000"], ["--steps", ":1"]):
+        out_json = tmp_path / "r.json"
+        assert main(["analyze", str(SAMPLE), *extra, "--json", str(out_json)]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "so it is included" in text and "skipped" not in text.split("Where")[0]
+        assert json.loads(out_json.read_text())["steps"]["warmup_included"] is True
+    assert main(["analyze", str(SAMPLE), "--json", str(out_json)]) == 0
+    assert "warm-up step 0 skipped" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["steps"]["warmup_included"] is False
