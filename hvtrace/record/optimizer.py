@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hvtrace import settings
 from hvtrace.clock import ClockEstimate, estimate_offsets
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.recorder import DEFAULT_BUFFER_SPANS, Recorder
@@ -63,12 +64,10 @@ CLOCK_RESYNC_FIRST = 1000
 CLOCK_RESYNC_EVERY = 5000
 DEFAULT_TRACE_DIR = "hvtrace-trace"
 
-_OFF_VALUES = {"0", "false", "off", "no"}
-
 
 def tracing_enabled() -> bool:
     """Return False when the environment turns recording off (``HVTRACE=0``)."""
-    return os.environ.get("HVTRACE", "1").strip().lower() not in _OFF_VALUES
+    return settings.tracing_enabled()
 
 
 def DistributedOptimizer(
@@ -107,15 +106,9 @@ def DistributedOptimizer(
     if not hasattr(dist, "_allreduce_grad_async") or not hasattr(dist, "_handles"):
         _warn(f"hvtrace: {type(dist).__name__} from Horovod is not supported; not tracing")
         return dist
-    trace_dir = trace_dir or os.environ.get("HVTRACE_DIR") or DEFAULT_TRACE_DIR
-    try:
-        if flush_interval_s is None:
-            flush_interval_s = float(os.environ.get("HVTRACE_FLUSH_S", "0.5"))
-        if buffer_spans is None:
-            buffer_spans = int(os.environ.get("HVTRACE_BUFFER_SPANS", str(DEFAULT_BUFFER_SPANS)))
-    except ValueError as exc:
-        _warn(f"hvtrace: bad HVTRACE_FLUSH_S/HVTRACE_BUFFER_SPANS ({exc}); using defaults")
-        flush_interval_s, buffer_spans = 0.5, DEFAULT_BUFFER_SPANS
+    trace_dir = settings.trace_dir(trace_dir, DEFAULT_TRACE_DIR)
+    flush_interval_s = settings.flush_interval_s(flush_interval_s)
+    buffer_spans = settings.buffer_spans(buffer_spans)
     try:
         run_id, clock = _handshake(hvd, clock_rounds)
     except Exception as exc:  # noqa: BLE001

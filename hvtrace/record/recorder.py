@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hvtrace import settings
 from hvtrace.clock import ClockEstimate
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
@@ -33,7 +34,7 @@ _K_SCALAR = KIND_CODE["scalar"]
 _NAN = math.nan
 
 #: Default bound of the in-memory buffer (spans); beyond it spans are dropped and counted.
-DEFAULT_BUFFER_SPANS = 1 << 20
+DEFAULT_BUFFER_SPANS = settings.BUFFER_SPANS.default
 
 
 class Recorder:
@@ -49,7 +50,7 @@ class Recorder:
         header: dict[str, Any],
         timer: Any = None,
         buffer_spans: int = DEFAULT_BUFFER_SPANS,
-        flush_interval_s: float = 0.5,
+        flush_interval_s: float = settings.FLUSH_S.default,
     ) -> None:
         self.enabled = False
         self.step = 0

@@ -1,0 +1,102 @@
+"""Every ``HVTRACE_*`` setting, parsed in one place with its bounds.
+
+A value that cannot be parsed or is out of bounds gives one warning (logger ``hvtrace``) naming the
+setting, the value and the default used instead; it never stops training and never makes the
+writer spin (``HVTRACE_FLUSH_S=0``) or record nothing (``HVTRACE_BUFFER_SPANS=0``). Explicit
+arguments (``hvtrace.DistributedOptimizer(flush_interval_s=...)``) go through the same checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Final
+
+log = logging.getLogger("hvtrace")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its environment variable, default and bounds (inclusive)."""
+
+    env: str
+    default: Any
+    lo: float | None = None
+    hi: float | None = None
+    doc: str = ""
+
+
+FLUSH_S: Final = Setting(
+    "HVTRACE_FLUSH_S", 0.5, 0.01, 60.0, "seconds between the writer's appends to the file"
+)
+BUFFER_SPANS: Final = Setting(
+    "HVTRACE_BUFFER_SPANS", 1 << 20, 16, 1 << 26, "spans buffered before new ones are dropped"
+)
+#: Every setting, by environment variable (``HVTRACE`` and ``HVTRACE_DIR`` are parsed below).
+SETTINGS: Final = {s.env: s for s in (FLUSH_S, BUFFER_SPANS)}
+
+_OFF: Final = {"0", "false", "off", "no"}
+_ON: Final = {"", "1", "true", "on", "yes"}
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(name: str, value: object, why: str, default: object) -> None:
+    key = (name, repr(value))
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("hvtrace: %s=%r %s; using %r", name, value, why, default)
+
+
+def _number(setting: Setting, raw: object, cast: type) -> Any:
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        _warn_once(setting.env, raw, "is not a number", setting.default)
+        return setting.default
+    if not math.isfinite(value) or (cast is int and value != int(value)):
+        kind = "a whole number" if cast is int else "a finite number"
+        _warn_once(setting.env, raw, f"is not {kind}", setting.default)
+        return setting.default
+    if (setting.lo is not None and value < setting.lo) or (
+        setting.hi is not None and value > setting.hi
+    ):
+        bounds = f"{setting.lo:g}..{setting.hi:g}"
+        _warn_once(setting.env, raw, f"is outside {bounds}", setting.default)
+        return setting.default
+    return cast(value)
+
+
+def flush_interval_s(explicit: float | None = None) -> float:
+    """The writer's flush interval in seconds: ``explicit``, else ``$HVTRACE_FLUSH_S``, else
+    0.5; bounded to 0.01..60 s."""
+    raw = explicit if explicit is not None else os.environ.get(FLUSH_S.env)
+    return FLUSH_S.default if raw is None else _number(FLUSH_S, raw, float)
+
+
+def buffer_spans(explicit: int | None = None) -> int:
+    """The span buffer's bound: ``explicit``, else ``$HVTRACE_BUFFER_SPANS``, else 2**20;
+    bounded to 16..2**26."""
+    raw = explicit if explicit is not None else os.environ.get(BUFFER_SPANS.env)
+    return BUFFER_SPANS.default if raw is None else _number(BUFFER_SPANS, raw, int)
+
+
+def tracing_enabled() -> bool:
+    """False when ``$HVTRACE`` turns recording off (0, false, off, no); an unknown value warns
+    and keeps recording on."""
+    raw = os.environ.get("HVTRACE", "1")
+    v = raw.strip().lower()
+    if v in _OFF:
+        return False
+    if v not in _ON:
+        _warn_once("HVTRACE", raw, "is not one of 0/1, off/on, false/true, no/yes", "on")
+    return True
+
+
+def trace_dir(explicit: str | os.PathLike | None, default: str) -> str | os.PathLike:
+    """The trace directory: ``explicit``, else ``$HVTRACE_DIR`` (if not blank), else ``default``."""
+    if explicit:
+        return explicit
+    env = os.environ.get("HVTRACE_DIR", "")
+    return env if env.strip() else default
