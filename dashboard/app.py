@@ -334,7 +334,12 @@ def _has_traces(d: Path) -> bool:
 
 
 def sample_run_dir() -> Path:
-    """Return the built-in sample run; raise :class:`TraceError` when there is none."""
+    """Return the built-in sample run; raise :class:`TraceError` when there is none.
+
+    The package carries one (``hvtrace_dashboard/sample``: the 2-rank run whose rank 1 is slowed
+    in its forward), so an installed wheel has it; a checkout's ``sample_traces/`` is preferred.
+    """
+    packaged = Path(__file__).resolve().parent / "sample"
     roots = [Path(__file__).resolve().parent.parent / "sample_traces", Path.cwd() / "sample_traces"]
     for root in roots:
         if not root.is_dir():
@@ -345,6 +350,8 @@ def sample_run_dir() -> Path:
         for d in sorted(p for p in root.iterdir() if p.is_dir()):
             if _has_traces(d):
                 return d
+    if _has_traces(packaged):
+        return packaged
     raise TraceError(
         "no RUN_DIR given and no built-in sample run found in sample_traces/ "
         "(make one with scripts/make_samples.sh, or pass a run directory)"

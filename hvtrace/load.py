@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -363,14 +364,22 @@ def _problem(path: Path, msg: str) -> str:
 
 
 def _short(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+    """The first line of an exception's message, shortened at a word boundary (200 columns)."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    return textwrap.shorten(text.splitlines()[0], width=200, placeholder=" …")
 
 
 def _stat_size(path: Path) -> int:
+    """The file's size; a file that cannot be opened for reading (permissions, a directory, a
+    vanished file) is "cannot read", not "not an hvtrace trace"."""
     try:
         size = path.stat().st_size
+        with open(path, "rb"):
+            pass
     except OSError as exc:
-        raise TraceError(_problem(path, f"cannot read ({exc.strerror})")) from None
+        raise TraceError(_problem(path, f"cannot read ({exc.strerror or _short(exc)})")) from None
     if size == 0:
         raise TraceError(_problem(path, "empty file (the rank wrote nothing)"))
     return size

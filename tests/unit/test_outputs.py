@@ -186,3 +186,31 @@ def test_report_says_when_the_warm_up_is_analyzed(capsys, tmp_path: Path) -> Non
     assert main(["analyze", str(SAMPLE), "--json", str(out_json)]) == 0
     assert "warm-up step 0 skipped" in capsys.readouterr().out
     assert json.loads(out_json.read_text())["steps"]["warmup_included"] is False
+
+
+def test_small_ones(tmp_path: Path, monkeypatch) -> None:
+    """Messages are shortened at a word, an unopenable file is "cannot read", and the dashboard
+    carries its sample run as package data (an installed wheel has it)."""
+    import tomllib
+
+    from hvtrace.load import _short, read_header
+
+    long = ValueError(("word " * 80).strip())
+    short = _short(long)
+    assert short.endswith(" …") and len(short) <= 200 and "wor …" not in short
+    d = tmp_path / "rank00000-x.arrows"
+    d.mkdir()  # exists, has a size, cannot be read as a file
+    with pytest.raises(TraceError, match="cannot read"):
+        read_header(d)
+    dash = pytest.importorskip("hvtrace_dashboard.app")
+    packaged = Path(dash.__file__).parent / "sample"
+    assert sorted(p.suffix for p in packaged.iterdir()) == [".arrows", ".arrows"]
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "sample/*" in data["tool"]["setuptools"]["package-data"]["hvtrace_dashboard"]
+    # installed: no sample_traces/ beside the package or in the working directory
+    site = tmp_path / "site" / "hvtrace_dashboard"
+    shutil.copytree(packaged, site / "sample")
+    monkeypatch.setattr(dash, "__file__", str(site / "app.py"))
+    monkeypatch.chdir(tmp_path)
+    assert dash.sample_run_dir() == site / "sample"
