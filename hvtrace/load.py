@@ -23,11 +23,12 @@ import logging
 import os
 import re
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -438,7 +439,51 @@ def _parse_header(path: Path, raw: bytes | None, where: str) -> dict[str, Any]:
         raise TraceError(
             _problem(path, f"header rank {header['rank']} is outside size {header['size']}")
         )
+    if header["size"] > MAX_RANKS:
+        raise TraceError(
+            _problem(path, f"header size {header['size']} is implausible (at most {MAX_RANKS:,})")
+        )
+    for k, types, what in _HEADER_TYPES:
+        if k in header and not _is(header[k], types):
+            shown = textwrap.shorten(repr(header[k]), 60, placeholder="…")
+            raise TraceError(_problem(path, f"header {k} is {shown}, not {what}"))
+    start = header["clock"].get("start")
+    if start is not None and not isinstance(start, dict):
+        raise TraceError(_problem(path, "header clock start is not a JSON object"))
     return header
+
+
+#: More ranks than any job has: a header claiming more is not trusted (it would drive the work).
+MAX_RANKS: Final = 1 << 20
+
+#: Header fields hvtrace reads, with the JSON types they must have when present.
+_HEADER_TYPES: Final = (
+    ("run_id", (str,), "a string"),
+    ("host", (str,), "a string"),
+    ("pid", (int,), "an integer"),
+    ("mono_anchor_ns", (int,), "an integer"),
+    ("wall_anchor_ns", (int,), "an integer"),
+    ("clock", (dict,), "a JSON object"),
+    ("local_rank", (int, type(None)), "an integer"),
+    ("local_size", (int, type(None)), "an integer"),
+    ("cross_rank", (int, type(None)), "an integer"),
+    ("cross_size", (int, type(None)), "an integer"),
+    ("boot_id", (str, type(None)), "a string"),
+    ("device", (str, type(None)), "a string"),
+    ("timing", (str, type(None)), "a string"),
+    ("torch_version", (str, type(None)), "a string"),
+    ("horovod_version", (str, type(None)), "a string"),
+    ("model", (str, type(None)), "a string"),
+    ("horovod_env", (dict, type(None)), "a JSON object"),
+    ("optimizer", (dict, type(None)), "a JSON object"),
+)
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    """``isinstance`` where JSON's true/false do not count as integers."""
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
 
 
 def _validate_header(path: Path, schema: pa.Schema) -> dict[str, Any]:
@@ -811,10 +856,15 @@ def open_run(
                 f"({', '.join(p.name for p in ps[:3])}{', ...' if len(ps) > 3 else ''})"
             )
     chosen = _skip_compacted_streams(runs[run_id], headers, problems)
-    sizes = {headers[p]["size"] for p in chosen}
-    size = max(sizes)
-    if len(sizes) > 1:
-        problems.append(f"{run_dir}: files of run {run_id} disagree on size {sorted(sizes)}")
+    # the size most files state (on a tie the smaller), never less than the ranks present:
+    # one file's claim does not decide how many ranks are reported missing
+    claims = Counter(int(headers[p]["size"]) for p in chosen)
+    size = min(claims, key=lambda n: (-claims[n], n))
+    size = max(size, 1 + max(int(headers[p]["rank"]) for p in chosen))
+    if len(claims) > 1:
+        problems.append(
+            f"{run_dir}: files of run {run_id} disagree on size {sorted(claims)}; using {size}"
+        )
     files: dict[int, RankFile] = {}
     iterable = progress(chosen) if progress else chosen
     for p in iterable:
@@ -862,12 +912,12 @@ def open_run(
         if selected is None:
             problems.append(
                 f"{run_dir}: run {run_id} has {size} ranks but no usable file for rank(s) "
-                f"{', '.join(map(str, missing))}; analyzing the others"
+                f"{format_ranks(missing)}; analyzing the others"
             )
         else:
             problems.append(
                 f"{run_dir}: run {run_id}: no usable file for selected rank(s) "
-                f"{', '.join(map(str, missing))}"
+                f"{format_ranks(missing)}"
             )
     if selected is not None:
         outside = sorted(r for r in selected if r >= size)

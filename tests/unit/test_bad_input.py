@@ -141,10 +141,10 @@ def _rewrite_header(path: Path, edit) -> None:
             meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
         pq.write_table(table.replace_schema_metadata(meta), path)
         return
-    with pa.memory_map(str(path)) as src:
-        reader = pa.ipc.open_stream(src)
-        schema = reader.schema
-        batches = list(reader)
+    # read a copy, not a memory map: the file is rewritten below while the batches are alive
+    reader = pa.ipc.open_stream(pa.py_buffer(path.read_bytes()))
+    schema = reader.schema
+    batches = list(reader)
     header = json.loads(schema.metadata[HEADER_KEY])
     new = edit(header)
     meta = dict(schema.metadata)
@@ -232,3 +232,51 @@ def test_zz_print_case_count() -> None:
     total = sum(CASES.values())
     print(f"\nbad-input cases tried: {total} " + json.dumps(CASES))
     assert total > 0 or not CASES
+
+
+#: Any JSON value (the shapes a hostile or broken header can hold).
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+HEADER_FIELDS = [
+    "run_id", "rank", "size", "host", "pid", "mono_anchor_ns", "wall_anchor_ns", "clock",
+    "boot_id", "timing", "device", "horovod_env", "optimizer", "model", "local_rank",
+    "format", "version",
+]  # fmt: skip
+
+
+@DAMAGE_SETTINGS
+@given(data=st.data())
+def test_any_json_value_in_any_header_field(tmp_path: Path, capsys, data) -> None:
+    """Exit 0 or 2 with one line, never exit 1 or a traceback, whatever a header field holds."""
+    run = _copy(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
+    victim = data.draw(st.sampled_from(_files(run)))
+    field = data.draw(st.sampled_from(HEADER_FIELDS))
+    value = data.draw(JSON_VALUES)
+    _rewrite_header(victim, lambda h: {**h, field: value})
+    _analyze(run, capsys, f"header {field}")
+    capsys.readouterr()
+    rc = cli_main(["info", str(run)])
+    err = capsys.readouterr().err
+    assert rc in (0, 2) and "Traceback" not in err, err
+
+
+def test_a_size_claim_does_not_drive_the_work(tmp_path: Path, capsys) -> None:
+    """One file claiming 10**8 ranks is refused; claims that disagree are reported, and the
+    size most files state is used."""
+    run = _copy(FOUR, tmp_path / "run")
+    files = _files(run)
+    _rewrite_header(files[3], lambda h: {**h, "size": 10**8})
+    rc, out, _ = _analyze(run, capsys, "size claim")
+    assert rc == 0 and "implausible" in out and "3 of 4 rank(s)" in out.splitlines()[0]
+    _rewrite_header(files[3], lambda h: {**h, "size": 9})
+    rc, out, _ = _analyze(run, capsys, "size claims disagree")
+    assert rc == 0 and "disagree on size [4, 9]; using 4" in " ".join(out.split())
