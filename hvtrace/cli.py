@@ -10,7 +10,9 @@ never as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -320,7 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:  # the commands print the loader's problems in their own output
         logging.getLogger("hvtrace.load").setLevel(logging.ERROR)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full or closed stdout fails here, not at exit
+        return rc
     except TraceError as exc:
         print(f"hvtrace: error: {printable(exc)}", file=sys.stderr)
         return 2
@@ -329,6 +333,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the output side: standard output on a full device, say
+        if exc.filename is None:
+            print(
+                f"hvtrace: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr
+            )
+            with contextlib.suppress(OSError):  # nothing more can reach a failed stdout
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaced for exit only
+            return 2
+        log.debug("internal error", exc_info=True)
+        print(f"hvtrace: error: {exc.filename}: {printable(exc.strerror or exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:
         log.debug("internal error", exc_info=True)
         print(

@@ -771,11 +771,16 @@ def find_trace_files(run_dir: str | os.PathLike) -> list[Path]:
         if d.suffix in TRACE_SUFFIXES:
             return [d]
         raise TraceError(f"{d}: not a directory of hvtrace traces")
-    files = sorted(
-        p
-        for p in d.iterdir()
-        if p.suffix in TRACE_SUFFIXES and not p.name.startswith(".") and p.is_file()
-    )
+    try:
+        files = sorted(
+            p
+            for p in d.iterdir()
+            if p.suffix in TRACE_SUFFIXES and not p.name.startswith(".") and p.is_file()
+        )
+    except OSError as exc:
+        raise TraceError(
+            f"{d}: cannot read the directory ({exc.strerror or _short(exc)})"
+        ) from None
     if not files:
         raise TraceError(
             f"{d}: no hvtrace trace files (*{FILE_SUFFIX} or *{PARQUET_SUFFIX}) in this directory"

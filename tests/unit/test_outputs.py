@@ -214,3 +214,22 @@ def test_small_ones(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(dash, "__file__", str(site / "app.py"))
     monkeypatch.chdir(tmp_path)
     assert dash.sample_run_dir() == site / "sample"
+
+
+@pytest.mark.parametrize("cmd", ["analyze", "info"])
+def test_standard_output_on_a_full_device(cmd: str) -> None:
+    """stdout on /dev/full: one line, exit 2, not an internal error."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(
+            [sys.executable, "-m", "hvtrace.cli", cmd, str(SAMPLE)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, p.stderr
+    assert lines == ["hvtrace: error: cannot write the output (No space left on device)"]
