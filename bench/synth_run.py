@@ -242,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crashed", action="store_true", help="leave the files unclosed (IPC)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    out = Path(args.out_dir)
+    if out.is_dir() and any(p.name.startswith("rank") for p in out.iterdir()):
+        print(f"{out}: already holds rank files; choose an empty directory", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     n = write_synth_run(
         args.out_dir,

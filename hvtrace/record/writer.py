@@ -137,7 +137,12 @@ class TraceFile:
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any]) -> None:
         self.path = Path(path)
-        self._sink: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        # a new file, never one that is there: a FIFO or link planted at the name fails here
+        # (FileExistsError: tracing is disabled with a warning) instead of blocking or being
+        # followed
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._sink: BinaryIO = os.fdopen(fd, "wb")
         if fcntl is not None:  # tells `hvtrace compact` that this stream is still being written
             with contextlib.suppress(OSError):
                 fcntl.flock(self._sink.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -537,6 +542,7 @@ class BackgroundWriter:
         self.cpu_s = 0.0
         #: Rewrite the file as Parquet once it is closed cleanly (see :func:`compact`).
         self.compact_on_close = True
+        self._stream_closed = False  # the end-of-stream marker is written (see close)
         #: What the compaction at close did (None until then, or when it failed).
         self.compacted: CompactResult | None = None
         self.file: TraceFile | None = TraceFile(path, header)
@@ -603,13 +609,49 @@ class BackgroundWriter:
         self._on_error(exc)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread, write the rest with a final status and close the file. Idempotent."""
+        """Stop the thread, write the rest with a final status and close the file. Idempotent.
+
+        Bounded whatever the file system does: the last flush, the close and the compaction
+        run on a helper thread that is waited for ``timeout_s`` at most (once the stream is
+        closed, compaction gets as long again); past that, a warning says the trace is
+        incomplete and the rank goes on exiting (a stalled write stays in the daemon thread)."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        owned = getattr(self._lock, "_is_owned", lambda: False)()  # a signal inside a flush
+        if threading.current_thread() is self._thread or owned:
+            self._finish()
+            return
+        if self._thread.is_alive():
             self._thread.join(timeout_s)
+        path = self.file.path if self.file is not None else None
+        helper = threading.Thread(target=self._finish, name="hvtrace-close", daemon=True)
+        try:
+            helper.start()
+        except RuntimeError:  # no new threads (interpreter shutdown, newer Pythons): inline
+            self._finish()
+            return
+        helper.join(timeout_s)
+        if helper.is_alive() and not self._stream_closed:
+            log.warning(
+                "hvtrace: writing %s did not finish within %.0f s (a stalled file system?); "
+                "the trace is incomplete",
+                path,
+                timeout_s,
+            )
+            return
+        helper.join(timeout_s)  # compacting a large file: the stream itself is complete
+        if helper.is_alive():
+            log.warning(
+                "hvtrace: compacting %s did not finish within %.0f s; the stream is complete "
+                "(hvtrace compact can finish it)",
+                path,
+                2 * timeout_s,
+            )
+
+    def _finish(self) -> None:
+        """The last flush, the end-of-stream marker, then compaction (see :meth:`close`)."""
         self.flush(final=True)
         with self._lock:
             if self.file is not None:
@@ -621,6 +663,7 @@ class BackgroundWriter:
                     self._on_error(exc)
                     return
                 self.file = None
+                self._stream_closed = True
                 if self.compact_on_close:
                     try:
                         self.compacted = compact(path, live_check=False)
