@@ -104,7 +104,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     run = open_run(
         args.run_dir, run_id=args.run_id, ranks=args.ranks, progress=_progress("opening files")
     )
-    inputs += [f.path for f in run.files.values()]
     with _RankProgress("analyzing ranks") as progress:
         a = analyze(
             run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,

@@ -27,7 +27,6 @@ private directory under the system temp dir, never inside the run directory.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -44,8 +43,6 @@ from hvtrace.clock import offset_at
 from hvtrace.load import RankSource, span_relation
 from hvtrace.schema import KINDS
 from hvtrace.selection import StepRange
-
-log = logging.getLogger("hvtrace.engine")
 
 #: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
 GROUP_SPANS = 4_000_000

@@ -93,8 +93,8 @@ def group_ids(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarra
     width = smax - smin + 1
     key = rank * width + (step - smin)
     n_keys = (int(rank.max()) + 1) * width
-    change = key[1:] != key[:-1]
     if len(key) > 1 and bool((key[1:] >= key[:-1]).all()):  # sorted (as files are): one pass
+        change = key[1:] != key[:-1]
         first = np.concatenate([[0], np.flatnonzero(change) + 1])
         gid = np.cumsum(np.concatenate([[False], change]), dtype=np.int64)
         keys = key[first]

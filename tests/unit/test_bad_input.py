@@ -98,16 +98,21 @@ def test_compacted_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
         assert victim.name in out + err
 
 
-@PARQUET_SETTINGS
-@given(data=st.data())
-def test_compacted_flipped_bytes(tmp_path: Path, capsys, data) -> None:
-    run = _compacted(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
+def _flip_bytes(run: Path, data: st.DataObject) -> None:
+    """Flip 1-8 random bytes of one of the run's files, in place."""
     victim = data.draw(st.sampled_from(_files(run)))
     raw = bytearray(victim.read_bytes())
     for _ in range(data.draw(st.integers(1, 8))):
         i = data.draw(st.integers(0, len(raw) - 1))
         raw[i] ^= data.draw(st.integers(1, 255))
     victim.write_bytes(bytes(raw))
+
+
+@PARQUET_SETTINGS
+@given(data=st.data())
+def test_compacted_flipped_bytes(tmp_path: Path, capsys, data) -> None:
+    run = _compacted(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
+    _flip_bytes(run, data)
     _analyze(run, capsys, "parquet flipped bytes")
 
 
@@ -115,12 +120,7 @@ def test_compacted_flipped_bytes(tmp_path: Path, capsys, data) -> None:
 @given(data=st.data())
 def test_flipped_bytes(tmp_path: Path, capsys, data) -> None:
     run = _copy(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
-    victim = data.draw(st.sampled_from(_files(run)))
-    raw = bytearray(victim.read_bytes())
-    for _ in range(data.draw(st.integers(1, 8))):
-        i = data.draw(st.integers(0, len(raw) - 1))
-        raw[i] ^= data.draw(st.integers(1, 255))
-    victim.write_bytes(bytes(raw))
+    _flip_bytes(run, data)
     _analyze(run, capsys, "flipped bytes")
 
 

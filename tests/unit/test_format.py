@@ -275,6 +275,16 @@ def _assert_trace_error(exc: TraceError, path: Path) -> None:
     assert "\n" not in msg, msg
 
 
+def _assert_unusable(path: Path) -> None:
+    """Reading ``path`` alone, and loading its directory, each raise one line naming it."""
+    with pytest.raises(TraceError) as ei:
+        read_rank_file(path)
+    _assert_trace_error(ei.value, path)
+    with pytest.raises(TraceError) as ei:
+        load_run(path.parent)
+    _assert_trace_error(ei.value, path)
+
+
 @pytest.mark.parametrize("frac", [0.0, 0.01, 0.1, 0.5, 0.99])
 def test_truncated_inside_header_raises_trace_error(good_file, tmp_path, frac) -> None:
     path, _, _, _ = good_file
@@ -284,12 +294,7 @@ def test_truncated_inside_header_raises_trace_error(good_file, tmp_path, frac) -
     cut = tmp_path / "cut" / path.name
     cut.parent.mkdir()
     cut.write_bytes(path.read_bytes()[:pos])
-    with pytest.raises(TraceError) as ei:
-        read_rank_file(cut)
-    _assert_trace_error(ei.value, cut)
-    with pytest.raises(TraceError) as ei:
-        load_run(cut.parent)
-    _assert_trace_error(ei.value, cut)
+    _assert_unusable(cut)
 
 
 def test_empty_file_raises_trace_error(tmp_path: Path) -> None:
@@ -550,12 +555,7 @@ def test_damaged_parquet_file_raises_one_line_trace_error(good_file, tmp_path, w
     }
     for content in variants[what]:
         bad.write_bytes(content)
-        with pytest.raises(TraceError) as ei:
-            read_rank_file(bad)
-        _assert_trace_error(ei.value, bad)
-        with pytest.raises(TraceError) as ei:
-            load_run(bad.parent)
-        _assert_trace_error(ei.value, bad)
+        _assert_unusable(bad)
 
 
 def test_damaged_row_group_keeps_what_is_readable(tmp_path: Path) -> None:
