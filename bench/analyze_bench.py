@@ -7,14 +7,19 @@ invocation:
 
 - ``engine``: the whole command ``hvtrace analyze RUN --json report.json`` (open, per-rank pass
   on DuckDB, cross-rank pass, report, JSON);
-- ``engine --steps``: the same with a ``--steps`` window of ``--window`` (100) steps.
+- ``engine --steps``: the same with a ``--steps`` window of ``--window`` (100) steps;
+- ``dask local:2`` (``--dask``; ``--dask ''`` leaves it out): the whole command on a Dask
+  LocalCluster of 2 worker processes (``hvtrace analyze RUN --dask local:2``), the same
+  per-rank pass as tasks. Its memory is the client's and the workers' (their peaks summed).
 
 (Until the analysis ran on the engine only, a third case ran the old whole-frame path beside
 these: ``load_run`` into one DataFrame + the pandas/numpy analysis. Its figures, measured side by
 side at 20 M spans, are in the README.)
 
-For each: wall time, peak resident memory of the child, spans per second, and the straggler it
-named with its phase (the slowed rank must be named). Goals (``--goal-s``, ``--goal-mb``) are
+For each: wall time, peak resident memory (``peak MB``: the largest process, from
+``getrusage``; ``client MB`` / ``workers MB``: sampled every 20 ms from /proc, the analyzing
+process and the sum of its worker processes' peaks), spans per second, and the straggler it named
+with its phase (the slowed rank must be named). Goals (``--goal-s``, ``--goal-mb``) are
 printed next to the figures.
 
     python bench/analyze_bench.py --ranks 128 --steps 1500 --tensors 96        # 20 M spans
@@ -36,14 +41,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_run import write_synth_run
 
-#: Runs ``argv`` in a child and prints its wall time and peak RSS (this wrapper's children only).
+#: Runs ``argv`` in a child and prints its wall time and peak RSS (this wrapper's children only);
+#: a sampler thread follows the child's process tree: its own RSS and its descendants' peaks.
 MEASURE = r"""
-import json, resource, subprocess, sys, time
+import json, resource, subprocess, sys, threading, time
+import psutil
 t = time.perf_counter()
-p = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+root, peaks, stop = psutil.Process(p.pid), {}, threading.Event()
+def sample():
+    while not stop.is_set():
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for q in procs:
+            try:
+                peaks[q.pid] = max(peaks.get(q.pid, 0), q.memory_info().rss)
+            except psutil.Error:
+                pass
+        time.sleep(0.02)
+th = threading.Thread(target=sample, daemon=True)
+th.start()
+out, err = p.communicate()
 dt = time.perf_counter() - t
+stop.set()
+th.join()
 rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(json.dumps({"rc": p.returncode, "wall_s": dt, "peak_mb": rss, "stderr": p.stderr[-2000:]}))
+client = peaks.pop(p.pid, 0) / 2**20
+print(json.dumps({"rc": p.returncode, "wall_s": dt, "peak_mb": rss, "client_mb": client,
+                  "workers_mb": sum(peaks.values()) / 2**20, "stderr": err[-2000:]}))
 """
 
 
@@ -78,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--goal-mb", type=float, default=1536.0)
     p.add_argument("--goal-window-s", type=float, default=5.0)
     p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--dask", default="local:2", help="the Dask case's --dask ('': none)")
     args = p.parse_args(argv)
     slow = args.ranks // 3 if args.slow_rank is None else args.slow_rank
     tmp = Path(tempfile.mkdtemp(prefix="hvtrace-analyze-"))
@@ -113,6 +141,15 @@ def main(argv: list[str] | None = None) -> int:
                 args.ranks * min(args.window, args.steps - lo) * (args.tensors + 7),
             ),
         ]
+        if args.dask:
+            cases.append(
+                (
+                    f"dask {args.dask}",
+                    [*hv, "--dask", args.dask, "--json", str(tmp / "dask.json")],
+                    tmp / "dask.json",
+                    spans,
+                )
+            )
         rows = []
         for label, cmd, out, n in cases:
             print(f"running {label} ...", file=sys.stderr, flush=True)
@@ -121,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label}: exit {m['rc']}: {m['stderr']}", file=sys.stderr)
             rows.append({"case": label, "spans": n, **m, "named": named(out)})
         print()
-        print(f"{'case':<28} {'wall s':>8} {'peak MB':>8} {'M spans/s':>10}  stragglers named")
-        print(f"{'-' * 28} {'-' * 8} {'-' * 8} {'-' * 10}  {'-' * 24}")
+        print(
+            f"{'case':<28} {'wall s':>8} {'peak MB':>8} {'client MB':>9} {'workers MB':>10} "
+            f"{'M spans/s':>10}  stragglers named"
+        )
+        print(f"{'-' * 28} {'-' * 8} {'-' * 8} {'-' * 9} {'-' * 10} {'-' * 10}  {'-' * 24}")
         for r in rows:
             rate = r["spans"] / r["wall_s"] / 1e6 if r["wall_s"] > 0 else float("nan")
             print(
-                f"{r['case']:<28} {r['wall_s']:8.2f} {r['peak_mb']:8.0f} {rate:10.2f}  {r['named']}"
+                f"{r['case']:<28} {r['wall_s']:8.2f} {r['peak_mb']:8.0f} {r['client_mb']:9.0f} "
+                f"{r['workers_mb']:10.0f} {rate:10.2f}  {r['named']}"
             )
         eng, win = rows[0], rows[1]
         want = f"{slow} ({args.slow_phase})"
@@ -139,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         goal(f"engine peak <= {args.goal_mb:g} MB", eng["peak_mb"] <= args.goal_mb)
         goal(f"--steps window <= {args.goal_window_s:g} s", win["wall_s"] <= args.goal_window_s)
         goal(f"slowed rank named with its phase: {want}", eng["named"] == want)
+        if args.dask:
+            dk = rows[2]
+            goal(f"dask names the same: {want}", dk["named"] == want)
+            print(
+                f"  dask / local: {dk['wall_s'] / eng['wall_s']:.2f}x the time; client "
+                f"{dk['client_mb']:.0f} MB + workers {dk['workers_mb']:.0f} MB vs "
+                f"{eng['client_mb']:.0f} MB"
+            )
         if args.json:
             Path(args.json).write_text(json.dumps({"params": params, "rows": rows}, indent=1))
     finally:

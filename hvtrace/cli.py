@@ -94,6 +94,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             raise TraceError(f"--memory-limit: {exc}") from None
         if memory < 64 << 20:
             raise TraceError(f"--memory-limit {args.memory_limit} is too small (at least 64MiB)")
+    if args.dask is not None:
+        from hvtrace.analysis.cluster import check_spec
+
+        try:
+            check_spec(args.dask)
+        except ValueError as exc:
+            raise TraceError(str(exc)) from None
     steps = args.steps
     # every trace file there, opened or not: an output never replaces one (checked before the
     # analysis, so that a bad output path costs nothing)
@@ -107,7 +114,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     with _RankProgress("analyzing ranks") as progress:
         a = analyze(
             run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
-            progress=progress,
+            progress=progress, dask=args.dask,
         )  # fmt: skip
     to_stdout = args.json == "-"
     notes = []
@@ -269,6 +276,14 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="memory the query engine may use before spilling to disk, e.g. 2GB "
         "(default: a quarter of this machine's memory)",
+    )
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        default=None,
+        help="run the per-rank pass as tasks on a Dask cluster: its scheduler's address "
+        "(tcp://HOST:8786; every worker must see RUN_DIR at the same path), or local:N for N "
+        "local worker processes (needs pip install 'hvtrace[dask]')",
     )
     p.add_argument(
         "--json", metavar="PATH", default=None, help="write the summary as JSON ('-': stdout)"

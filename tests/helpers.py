@@ -252,3 +252,29 @@ def write_rank_file(
         tf.close()
         sizes.append(path.stat().st_size)
     return sizes
+
+
+def synth_module() -> Any:
+    """Import ``bench/synth_run.py`` (the synthetic-run writer the benchmarks use)."""
+    spec = importlib.util.spec_from_file_location("synth_run", REPO_ROOT / "bench" / "synth_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["synth_run"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def damage_row_group(path: str | os.PathLike, index: int) -> None:
+    """Flip bytes inside the data pages of a Parquet file's row group ``index`` (the footer
+    stays intact, so the file opens and only that row group cannot be decoded)."""
+    import pyarrow.parquet as pq
+
+    rg = pq.read_metadata(path).row_group(index)
+    start = min(rg.column(i).data_page_offset for i in range(rg.num_columns))
+    end = max(
+        rg.column(i).data_page_offset + rg.column(i).total_compressed_size
+        for i in range(rg.num_columns)
+    )
+    raw = bytearray(Path(path).read_bytes())
+    for i in range(start + 8, end, 7):
+        raw[i] ^= 0x5A
+    Path(path).write_bytes(bytes(raw))

@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,7 @@ class GroupSummary:
     spans_read: int = 0
     row_groups_read: int = 0
     row_groups_total: int = 0
+    worker: str = ""  # the Dask worker that made it ("" for the local engine)
 
 
 class Engine:
@@ -261,6 +262,22 @@ class Engine:
                 con.execute("SELECT count(*) FROM hv_coll").fetchall()[0][0]
             )
 
+    def add_collectives(self, partials: pd.DataFrame | None) -> None:
+        """Add partial collectives made elsewhere (a Dask task's) to the accumulator."""
+        if partials is None or partials.empty:
+            return
+        self.con.register("hv_partials", partials[self._COLL.split(", ")])
+        typed = (
+            "SELECT step::INTEGER AS step, name::VARCHAR AS name, n_spans::BIGINT AS n_spans, "
+            "bytes::BIGINT AS bytes, dtype::VARCHAR AS dtype, "
+            "first_start_ns::BIGINT AS first_start_ns, last_start_ns::BIGINT AS last_start_ns, "
+            "end_ns::BIGINT AS end_ns FROM hv_partials"
+        )
+        try:
+            self._accumulate(typed, {})
+        finally:
+            self.con.unregister("hv_partials")
+
     def collectives(self) -> pd.DataFrame:
         """The accumulated partial collectives, one row per (step, tensor) (empty if none)."""
         if not self._acc_rows:
@@ -370,6 +387,9 @@ class Summaries:
     spans_read: int = 0
     row_groups_read: int = 0
     row_groups_total: int = 0
+    #: Which engine made them: ``{"name": "duckdb"}``, or for Dask also ``scheduler``,
+    #: ``tasks`` and ``tasks_by_worker`` (worker address -> tasks it ran).
+    engine: dict[str, Any] = field(default_factory=lambda: {"name": "duckdb"})
 
 
 def cross_rank(
@@ -429,6 +449,32 @@ def kind_counts(sources: Sequence[RankSource]) -> pd.DataFrame:
             ).df()
         finally:
             eng._unregister(registered)
+
+
+def window_spans(sources: Sequence[RankSource], steps: StepRange) -> pd.DataFrame:
+    """The spans of ``steps`` in ``sources`` (a window of a run, for a timeline), on rank 0's
+    clock by the offsets the analysis uses: per (rank, step), from :func:`reduce_steps` of the
+    same spans. Columns ``rank, step, kind, name, start_ns, end_ns, bytes, dtype``, sorted by
+    (rank, step, start_ns); a Parquet file's row groups outside ``steps`` are not read."""
+    with Engine(threads=1) as eng:
+        src, params, registered = span_relation(eng.con, sources, eng._names)
+        try:
+            table = eng.con.sql(
+                f"SELECT rank, step, {_KIND_CODE_SQL} AS k, kind, name, start_ns, end_ns, bytes, "
+                f"dtype FROM ({src}) WHERE {steps.sql('step')} ORDER BY rank, step, start_ns",
+                params=params,
+            ).to_arrow_table()
+        finally:
+            eng._unregister(registered)
+    cols = {c: table.column(c).to_numpy() for c in ("rank", "step", "k", "start_ns", "end_ns")}
+    cols["bytes"] = table.column("bytes").to_numpy()
+    _, offsets, _ = reduce_steps(cols, sources)
+    out = table.drop_columns(["k"]).to_pandas()
+    off = out[["rank", "step"]].merge(offsets, on=["rank", "step"], how="left")["off_ns"]
+    off = off.fillna(0).to_numpy(np.int64)  # a (rank, step) of scalars only: as the analysis
+    out["start_ns"] = out["start_ns"].to_numpy(np.int64) - off
+    out["end_ns"] = out["end_ns"].to_numpy(np.int64) - off
+    return out
 
 
 class EngineError(Exception):

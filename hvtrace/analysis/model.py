@@ -98,6 +98,9 @@ class Analysis:
     #: ``files`` (files opened), ``files_total`` (rank files of the run), ``row_groups`` /
     #: ``row_groups_total`` (Parquet row groups read / in the files opened); empty for a frame.
     read: dict[str, int] = field(default_factory=dict)
+    #: The engine that ran the per-rank pass: ``{"name": "duckdb"}`` (this process) or
+    #: ``{"name": "dask", "scheduler", "tasks", "tasks_by_worker"}``; empty for a frame.
+    engine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def analyzed(self) -> pd.DataFrame:

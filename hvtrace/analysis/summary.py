@@ -218,6 +218,7 @@ def analyze(
     *,
     memory_limit_bytes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    dask: str | None = None,
 ) -> Analysis:
     """Analyze an opened :class:`hvtrace.Run` on the engine; return an :class:`Analysis`.
 
@@ -229,8 +230,10 @@ def analyze(
     are left out of medians and verdicts; ``config``: straggler thresholds (default:
     :meth:`StragglerConfig.for_timing` of the run's timing, so CPU-timed runs get a 2 ms noise
     floor); ``memory_limit_bytes``: DuckDB's memory limit (default a quarter of the machine's);
-    ``progress(done, total)``: called as ranks are done. Raises :class:`hvtrace.TraceError` when
-    the run (or the step selection) holds no spans.
+    ``progress(done, total)``: called as ranks are done; ``dask``: run the per-rank pass as
+    tasks on a Dask cluster (``local:N`` or a scheduler address, see
+    :mod:`hvtrace.analysis.cluster`) instead of in this process. Raises
+    :class:`hvtrace.TraceError` when the run (or the step selection) holds no spans.
     """
     from hvtrace.analysis.engine import EngineError, summarize
     from hvtrace.errors import TraceError
@@ -254,20 +257,44 @@ def analyze(
             msg = salvage(rf)
             if msg:
                 salvaged.append(msg)
-            out.append(RankSource(s.rank, rf.table.num_rows, table=rf.table, clock=s.clock))
+            n_groups = len(rf.row_group_steps)  # the careful reader read them all
+            out.append(
+                RankSource(
+                    s.rank,
+                    rf.table.num_rows,
+                    table=rf.table,
+                    clock=s.clock,
+                    row_groups_read=n_groups,
+                    row_groups_total=n_groups,
+                )
+            )
         return out
 
     try:
-        summ = summarize(
-            sources,
-            steps,
-            n_ranks=len(sources),
-            memory_limit_bytes=memory_limit_bytes,
-            progress=progress,
-            repair=repair,
-        )
+        if dask:
+            from hvtrace.analysis.cluster import summarize_dask
+
+            summ = summarize_dask(
+                sources,
+                steps,
+                dask=dask,
+                n_ranks=len(sources),
+                memory_limit_bytes=memory_limit_bytes,
+                progress=progress,
+                repair=repair,
+            )
+        else:
+            summ = summarize(
+                sources,
+                steps,
+                n_ranks=len(sources),
+                memory_limit_bytes=memory_limit_bytes,
+                progress=progress,
+                repair=repair,
+            )
     except EngineError as exc:
-        raise TraceError(f"{run.run_dir}: the query engine failed: {exc}") from None
+        where = "the Dask engine" if dask else "the query engine"
+        raise TraceError(f"{run.run_dir}: {where} failed: {exc}") from None
     if summ.steps.empty:
         last = max((int(f.last_step) for f in run.files.values()), default=-1)
         what = f"no spans in steps {steps.label()}" if steps is not None else "no spans"
@@ -297,6 +324,7 @@ def analyze(
         "row_groups": summ.row_groups_read,
         "row_groups_total": summ.row_groups_total,
     }
+    a.engine = dict(summ.engine)
     a.run_dir = Path(run.run_dir)
     a.timing = str(h0.get("timing") or "")
     a.clock = run.clock_summary()

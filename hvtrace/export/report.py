@@ -122,6 +122,15 @@ def _rank_rows(a: Analysis, ranks: list[int], note: str) -> list[tuple[str, pd.S
     return rows
 
 
+def engine_summary(engine: dict[str, Any]) -> str:
+    """One line saying where a Dask engine ran the per-rank pass."""
+    workers = engine.get("tasks_by_worker") or {}
+    return printable(
+        f"engine: Dask ({engine.get('scheduler', '?')}): {engine.get('tasks', 0):,} tasks on "
+        f"{len(workers)} worker(s)"
+    )
+
+
 def read_summary(read: dict[str, int]) -> str:
     """One line saying what the engine read (spans, row groups, rank files)."""
     r = read
@@ -171,6 +180,8 @@ def format_report(
         L += wrap(f"directory: {a.run_dir}", w)
     if a.read:
         L += wrap(read_summary(a.read), w)
+    if a.engine.get("name") == "dask":
+        L += wrap(engine_summary(a.engine), w)
     if a.clock:
         L += wrap(a.clock, w)
     for p in a.problems:
@@ -408,6 +419,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
                 "selected": rng.to_list() if rng is not None else None,
             },
             "read": dict(a.read),
+            "engine": dict(a.engine),
         }
     )
     tail = _clean(

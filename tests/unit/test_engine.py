@@ -10,8 +10,6 @@ the engine too, this test checked the engine against the old whole-frame impleme
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from analysis_frames import synth_spans
+from helpers import synth_module
 
 from hvtrace.analysis import analyze, analyze_spans
 from hvtrace.analysis.engine import parse_size, summarize
@@ -28,14 +27,6 @@ from hvtrace.selection import StepRange
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"
-
-
-def _synth_module():
-    spec = importlib.util.spec_from_file_location("synth_run", ROOT / "bench" / "synth_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["synth_run"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _frame(run, steps=None):
@@ -96,7 +87,7 @@ def test_files_equal_frame_on_sample_traces(sample: str) -> None:
 
 @pytest.mark.parametrize("phase", ["forward", "input", "backward"])
 def test_files_equal_frame_on_compacted_synthetic_runs(tmp_path: Path, phase: str) -> None:
-    synth = _synth_module()
+    synth = synth_module()
     synth.write_synth_run(tmp_path, ranks=6, steps=40, tensors=8, slow_rank=4, slow_phase=phase)
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".parquet"] * 6
     run = open_run(tmp_path)
@@ -108,7 +99,7 @@ def test_files_equal_frame_on_compacted_synthetic_runs(tmp_path: Path, phase: st
 
 
 def test_engine_on_a_crashed_run_reads_the_streams(tmp_path: Path) -> None:
-    synth = _synth_module()
+    synth = synth_module()
     synth.write_synth_run(tmp_path, ranks=4, steps=20, tensors=4, slow_rank=2, compact_files=False)
     run = open_run(tmp_path)
     assert {f.format for f in run.files.values()} == {"arrows"}
@@ -135,7 +126,7 @@ def test_engine_on_a_span_frame_with_user_spans() -> None:
 
 
 def test_step_window_reads_only_its_row_groups(tmp_path: Path) -> None:
-    synth = _synth_module()
+    synth = synth_module()
     synth.write_synth_run(tmp_path, ranks=3, steps=120, tensors=8, slow_rank=1, row_group_rows=200)
     run = open_run(tmp_path)
     whole = analyze(run)
@@ -179,7 +170,7 @@ def test_groups_and_merges_give_the_same_summaries(tmp_path: Path, monkeypatch) 
     from hvtrace.analysis import engine
     from hvtrace.load import span_sources
 
-    synth = _synth_module()
+    synth = synth_module()
     synth.write_synth_run(tmp_path, ranks=5, steps=30, tensors=6, slow_rank=2)
     sources = span_sources(open_run(tmp_path))
     one = summarize(sources)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import make_header, row, status, write_rank_file
+from helpers import damage_row_group, make_header, row, status, write_rank_file
 
 from hvtrace.load import TraceError, load_run, open_run, read_header, read_rank_file
 from hvtrace.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
@@ -568,18 +568,8 @@ def test_damaged_row_group_keeps_what_is_readable(tmp_path: Path) -> None:
     rows = [row("allreduce", f"t{i}", i, i + 5, step=i // 10, nbytes=i) for i in range(300)]
     write_rank_file(path, make_header(0, 1, RUN), [rows[:150], rows[150:]])
     target = compact(path, row_group_rows=100).target
-    md = pq.read_metadata(target)
-    assert md.num_row_groups == 3
-    rg1 = md.row_group(1)
-    start = min(rg1.column(i).data_page_offset for i in range(rg1.num_columns))
-    end = max(
-        rg1.column(i).data_page_offset + rg1.column(i).total_compressed_size
-        for i in range(rg1.num_columns)
-    )
-    raw = bytearray(target.read_bytes())
-    for i in range(start + 8, end, 7):
-        raw[i] ^= 0x5A
-    target.write_bytes(bytes(raw))
+    assert pq.read_metadata(target).num_row_groups == 3
+    damage_row_group(target, 1)
     rf = read_rank_file(target, read_spans=False)
     assert rf.n_spans == 300 and not rf.truncated  # the footer is intact
     full = read_rank_file(target)

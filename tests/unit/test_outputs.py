@@ -129,22 +129,15 @@ EVIL = 'R</title><script>alert(1)</script><b>"x"'
 
 def test_dashboard_shows_trace_text_as_text(tmp_path: Path) -> None:
     """A run id, host or tensor name from a trace file never becomes markup in the page."""
-    import importlib.util
-    import sys
-
     pytest.importorskip("dash")
+    from helpers import synth_module
     from hvtrace_dashboard import figures
     from hvtrace_dashboard.app import create_app
     from test_bad_input import _rewrite_header
 
     from hvtrace.load import load_run
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("synth_run", root / "bench" / "synth_run.py")
-    synth = importlib.util.module_from_spec(spec)
-    sys.modules["synth_run"] = synth
-    spec.loader.exec_module(synth)
-    synth.write_synth_run(tmp_path, ranks=4, steps=12, tensors=4, ranks_per_host=2,
+    synth_module().write_synth_run(tmp_path, ranks=4, steps=12, tensors=4, ranks_per_host=2,
                           compact_files=False)  # fmt: skip
     for p in tmp_path.iterdir():
         _rewrite_header(p, lambda h: {**h, "run_id": EVIL, "host": EVIL + str(h["rank"] // 2)})
