@@ -73,6 +73,8 @@ class RankFile:
     table: pa.Table
     complete: bool = False  # the writer closed it cleanly (final batch seen)
     truncated: bool = False  # the stream ended inside a batch (crash, or damage)
+    #: Why reading stopped at an implausible batch (a decompression bomb); "" when it did not.
+    refused: str = ""
     dropped: int = 0  # spans the recorder dropped because the writer fell behind
     last_step: int = -1  # the rank's step counter at its last flush
     writer_cpu_s: float = 0.0  # CPU time hvtrace's writer spent on this file (as last reported)
@@ -167,7 +169,8 @@ def salvage(rf: RankFile) -> str | None:
     if rf.format != "parquet":
         return None
     with _open_parquet_file(rf.path) as pf:
-        table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
+        n = len(rf.row_group_steps) if rf.refused else pf.num_row_groups  # never the bomb
+        table, err = _read_row_groups(pf, range(n), list(COLUMNS))
     rf.table, rf.spans_read = table, True
     if err is None:
         return None
@@ -515,6 +518,109 @@ def _start_clock(rf: RankFile) -> None:
             raise TraceError(_problem(rf.path, "header clock estimate is malformed")) from None
 
 
+#: A compressed IPC message may expand to at most this many times its size (hvtrace's own
+#: batches expand 3-6x; a small batch that claims millions of rows is a decompression bomb) ...
+MAX_EXPANSION: Final = 64
+#: ... unless it expands to no more than this (small batches are never refused).
+MIN_REFUSED_BYTES: Final = 64 << 20
+
+
+def _fb_field(buf: bytes, table: int, i: int) -> int | None:
+    """Position of field ``i`` of the flatbuffer table at ``table`` (None: absent)."""
+    vt = table - int.from_bytes(buf[table : table + 4], "little", signed=True)
+    if 4 + 2 * i + 2 > int.from_bytes(buf[vt : vt + 2], "little"):
+        return None
+    off = int.from_bytes(buf[vt + 4 + 2 * i : vt + 6 + 2 * i], "little")
+    return table + off if off else None
+
+
+def _fb_ref(buf: bytes, pos: int) -> int:
+    return pos + int.from_bytes(buf[pos : pos + 4], "little")
+
+
+def message_claims(metadata: bytes, body: Any) -> tuple[int, int] | None:
+    """``(rows, bytes)`` that an Arrow IPC record batch or dictionary message will expand to,
+    read from its flatbuffer metadata and the uncompressed-length prefix of each compressed
+    buffer, before anything is decompressed; None for other messages.
+
+    Raises ValueError when the metadata cannot be parsed (Message -> RecordBatch: ``length``,
+    ``buffers``, ``compression``; the layout of Arrow's Message.fbs)."""
+    buf = bytes(metadata)
+    try:
+        root = _fb_ref(buf, 0)
+        pos = _fb_field(buf, root, 1)
+        header_type = buf[pos] if pos is not None else 0
+        pos = _fb_field(buf, root, 2)
+        if header_type not in (2, 3) or pos is None:  # 2: DictionaryBatch, 3: RecordBatch
+            return None
+        batch = _fb_ref(buf, pos)
+        if header_type == 2:
+            pos = _fb_field(buf, batch, 1)
+            if pos is None:
+                return None
+            batch = _fb_ref(buf, pos)
+        pos = _fb_field(buf, batch, 0)
+        rows = int.from_bytes(buf[pos : pos + 8], "little", signed=True) if pos else 0
+        compressed = _fb_field(buf, batch, 3) is not None
+        pos = _fb_field(buf, batch, 2)
+        total = 0
+        data = memoryview(body) if body is not None else memoryview(b"")
+        if pos is not None:
+            vec = _fb_ref(buf, pos)
+            for k in range(int.from_bytes(buf[vec : vec + 4], "little")):
+                at = vec + 4 + 16 * k
+                off = int.from_bytes(buf[at : at + 8], "little", signed=True)
+                length = int.from_bytes(buf[at + 8 : at + 16], "little", signed=True)
+                if off < 0 or length < 0 or off + length > len(data):
+                    raise ValueError("a buffer lies outside the message body")
+                if compressed and length >= 8:
+                    raw = int.from_bytes(data[off : off + 8], "little", signed=True)
+                    total += length - 8 if raw == -1 else raw
+                else:
+                    total += length
+    except IndexError:
+        raise ValueError("malformed message metadata") from None
+    if rows < 0 or total < 0:
+        raise ValueError("negative length in message metadata")
+    return rows, total
+
+
+def plausible_batches(path: str | os.PathLike) -> tuple[int | None, str]:
+    """How many record batches of the stream at ``path`` may be expanded: ``(None, "")`` for all,
+    or ``(n, why)`` when batch ``n`` (0-based) or a dictionary before it claims more than the
+    format can plausibly hold (:data:`MAX_EXPANSION`). Reads message metadata only (memory
+    mapped); a stream that ends early is left to the reader."""
+    batches = 0
+    with pa.memory_map(str(path)) as src:
+        try:
+            reader = pa.ipc.MessageReader.open_stream(src)
+        except (pa.ArrowException, OSError, ValueError):
+            return None, ""
+        while True:
+            try:
+                msg = reader.read_next_message()
+            except StopIteration:
+                return None, ""
+            except (pa.ArrowException, OSError, ValueError):
+                return None, ""
+            body = msg.body
+            size = body.size if body is not None else 0
+            try:
+                claims = message_claims(msg.metadata, body)
+            except ValueError as exc:
+                return batches, f"message {batches + 1} after the schema: {exc}"
+            if claims is not None:
+                rows, nbytes = claims
+                if nbytes > max(MIN_REFUSED_BYTES, MAX_EXPANSION * size):
+                    what = "batch" if msg.type == "record batch" else "dictionary"
+                    return batches, (
+                        f"a {what} of {size:,} bytes claims {rows:,} rows in {nbytes:,} bytes "
+                        f"(over {MAX_EXPANSION}x): not expanded"
+                    )
+            if msg.type == "record batch":
+                batches += 1
+
+
 class StreamScan:
     """The complete record batches of an ``.arrows`` stream, one by one, with their status.
 
@@ -523,14 +629,18 @@ class StreamScan:
     every complete, valid batch (``status``: the batch's parsed ``hvtrace.status`` dict, or None
     when absent or malformed). After iteration, ``truncated`` says whether the stream ended inside
     a batch (a crash or damage) and ``final`` whether a batch said the file was closed cleanly.
-    Memory stays bounded by one batch.
+    Memory stays bounded by one batch: a batch (or a dictionary) whose metadata claims more than
+    it can plausibly expand to is not read, nor anything after it (``refused`` says why, and
+    ``truncated`` is set), see :func:`plausible_batches`.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.truncated = False
         self.final = False
+        self.refused = ""
         try:
+            self._limit, self._why = plausible_batches(self.path)
             self._src = pa.memory_map(str(self.path))
         except OSError as exc:
             raise TraceError(
@@ -561,7 +671,11 @@ class StreamScan:
     def __iter__(self) -> Iterator[tuple[pa.RecordBatch, dict[str, Any] | None]]:
         reader = self._reader
         messages = reader.stats.num_messages
+        n = 0
         while True:
+            if self._limit is not None and n >= self._limit:
+                self.truncated, self.refused = True, self._why
+                return
             try:
                 batch, meta = reader.read_next_batch_with_custom_metadata()
             except StopIteration:
@@ -583,6 +697,7 @@ class StreamScan:
             if status is not None and status.get("final"):
                 self.final = True
             messages = reader.stats.num_messages
+            n += 1
             yield batch, status
 
 
@@ -621,7 +736,7 @@ def read_rank_file(path: str | os.PathLike, read_spans: bool = True) -> RankFile
             batches.append(batch)
             if status is not None:
                 _apply_status(rf, status)
-        rf.truncated = scan.truncated
+        rf.truncated, rf.refused = scan.truncated, scan.refused
         if batches:
             rf.table = pa.Table.from_batches(batches, schema=FILE_SCHEMA)
     rf.n_spans = rf.table.num_rows
@@ -677,6 +792,26 @@ def _open_parquet(
         yield pf, header, _parse_status(meta)
 
 
+#: Bytes a decoded span takes in memory (the fixed-width columns of FILE_SCHEMA).
+ROW_BYTES: Final = 45
+
+
+def plausible_row_groups(md: pq.FileMetaData) -> tuple[int | None, str]:
+    """How many row groups of a Parquet file may be decoded: ``(None, "")`` for all, or
+    ``(n, why)`` when row group ``n`` claims more rows than its compressed bytes can plausibly
+    hold (decoded, over :data:`MAX_EXPANSION` times their size; hvtrace's expand about 5x)."""
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        size = sum(rg.column(i).total_compressed_size for i in range(rg.num_columns))
+        decoded = max(rg.num_rows, 0) * ROW_BYTES
+        if decoded > max(MIN_REFUSED_BYTES, MAX_EXPANSION * size):
+            return g, (
+                f"row group {g} of {size:,} bytes claims {rg.num_rows:,} rows "
+                f"(over {MAX_EXPANSION}x decoded): not expanded"
+            )
+    return None, ""
+
+
 def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
     with _open_parquet(path) as (pf, header, status):
         rf = RankFile(
@@ -692,7 +827,15 @@ def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
         if status is not None:
             _apply_status(rf, status)
             rf.truncated = bool(status.get("truncated"))
-        if read_spans:
+        n_ok, why = plausible_row_groups(pf.metadata)
+        if n_ok is not None:  # read what comes before (a query engine must not see the rest)
+            rf.refused, rf.truncated = why, True
+            rf.row_group_steps = rf.row_group_steps[:n_ok]
+            table, err = _read_row_groups(pf, range(n_ok), list(COLUMNS))
+            rf.table, rf.spans_read, rf.n_spans = table, True, table.num_rows
+            if err is not None:
+                log.debug("%s", _problem(path, err))
+        elif read_spans:
             table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
             rf.table, rf.spans_read = table, True
             if err is not None:  # keep the row groups before the damage, as for a cut stream
@@ -878,7 +1021,9 @@ def open_run(
         except TraceError as exc:
             problems.append(str(exc))
             continue
-        if rf.truncated:
+        if rf.refused:
+            problems.append(_problem(p, f"{rf.refused}; {rf.spans} spans kept before it"))
+        elif rf.truncated:
             problems.append(
                 _problem(
                     p,

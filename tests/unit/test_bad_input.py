@@ -280,3 +280,85 @@ def test_a_size_claim_does_not_drive_the_work(tmp_path: Path, capsys) -> None:
     _rewrite_header(files[3], lambda h: {**h, "size": 9})
     rc, out, _ = _analyze(run, capsys, "size claims disagree")
     assert rc == 0 and "disagree on size [4, 9]; using 4" in " ".join(out.split())
+
+
+def _append_bomb(path: Path, rows: int) -> int:
+    """Rewrite a stream with one more batch: ``rows`` copies of its first span, zstd-compressed
+    to a few KB (a decompression bomb). Returns the spans before it."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hvtrace.record.writer import write_options
+
+    reader = pa.ipc.open_stream(pa.py_buffer(path.read_bytes()))
+    schema, batches = reader.schema, list(reader)
+    bomb = batches[-1].take(pa.array(np.zeros(rows, np.int64)))
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_stream(sink, schema, options=write_options()) as w,
+    ):
+        for b in [*batches, bomb]:
+            w.write_batch(b)
+    return sum(b.num_rows for b in batches)
+
+
+def test_a_small_batch_claiming_millions_of_rows_is_not_expanded(tmp_path: Path, capsys) -> None:
+    """A batch whose metadata claims far more rows than its compressed bytes can plausibly hold
+    is refused before decompression; the batches before it are kept and the report says so."""
+    import pyarrow as pa
+
+    from hvtrace.load import MAX_EXPANSION, StreamScan, plausible_batches, read_rank_file
+
+    run = _copy(FOUR, tmp_path / "run")
+    victim = _files(run)[3]
+    kept = _append_bomb(victim, 3_000_000)
+    assert victim.stat().st_size < 1 << 20  # a few hundred KB on disk ...
+    n, why = plausible_batches(victim)  # ... claiming ~130 MB
+    assert n is not None and "claims 3,000,000 rows" in why and f"over {MAX_EXPANSION}x" in why
+    before = pa.total_allocated_bytes()
+    with StreamScan(victim) as scan:
+        got = sum(b.num_rows for b, _ in scan)
+        peak = pa.total_allocated_bytes() - before
+    assert got == kept and scan.truncated and "not expanded" in scan.refused
+    assert peak < 16 << 20, f"{peak:,} bytes allocated: the bomb was expanded"
+    rf = read_rank_file(victim)
+    assert rf.spans == kept and rf.truncated and rf.refused
+    rc, out, _ = _analyze(run, capsys, "decompression bomb")
+    text = " ".join(out.split())
+    assert rc == 0 and victim.name in text and "claims 3,000,000 rows" in text, text
+    assert f"{kept} spans kept before it" in text
+    # a plausible stream of the same size is read whole (the bound is not the row count)
+    assert plausible_batches(_files(run)[0]) == (None, "")
+
+
+def test_a_small_row_group_claiming_millions_of_rows_is_not_decoded(tmp_path: Path, capsys) -> None:
+    """The same bound for a compacted file: a row group whose footer claims far more rows than
+    its compressed bytes can hold is neither decoded by the careful reader nor given to DuckDB."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hvtrace.analysis import analyze
+    from hvtrace.load import open_run, plausible_row_groups, read_rank_file
+
+    run = _compacted(FOUR, tmp_path / "run")
+    victim = _files(run)[3]
+    table = pq.read_table(victim)
+    meta = dict(pq.read_metadata(victim).metadata)
+    kept = table.num_rows
+    bomb = table.slice(kept - 1, 1).take(pa.array(np.zeros(3_000_000, np.int64)))
+    with pq.ParquetWriter(victim, table.schema.with_metadata(meta), compression="zstd") as w:
+        w.write_table(table)
+        w.write_table(bomb, row_group_size=4_000_000)
+    assert victim.stat().st_size < 1 << 20
+    n, why = plausible_row_groups(pq.read_metadata(victim))
+    assert n == 1 and "claims 3,000,000 rows" in why
+    rf = read_rank_file(victim, read_spans=False)
+    assert rf.refused and rf.truncated and rf.n_spans == kept and rf.table.num_rows == kept
+    rc, out, _ = _analyze(run, capsys, "parquet bomb")
+    text = " ".join(out.split())
+    assert rc == 0 and "claims 3,000,000 rows" in text and f"{kept} spans kept" in text, text
+    opened = open_run(run)
+    a = analyze(opened)  # the engine reads the kept spans, not the bomb
+    assert a.read["spans_total"] == sum(int(f.n_spans) for f in opened.files.values()) < 10_000
+    assert 0 < a.read["spans"] <= a.read["spans_total"]
