@@ -623,6 +623,7 @@ class BackgroundWriter:
         if threading.current_thread() is self._thread or owned:
             self._finish()
             return
+        deadline = time.monotonic() + timeout_s  # one bound for the thread and the last flush
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         path = self.file.path if self.file is not None else None
@@ -632,7 +633,7 @@ class BackgroundWriter:
         except RuntimeError:  # no new threads (interpreter shutdown, newer Pythons): inline
             self._finish()
             return
-        helper.join(timeout_s)
+        helper.join(max(deadline - time.monotonic(), 0.0))
         if helper.is_alive() and not self._stream_closed:
             log.warning(
                 "hvtrace: writing %s did not finish within %.0f s (a stalled file system?); "

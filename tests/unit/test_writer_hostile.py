@@ -61,3 +61,54 @@ def test_a_stalled_file_system_cannot_hold_the_exit(tmp_path: Path, monkeypatch,
     stall.set()  # let the stuck helper thread go
     assert took < 3, took
     assert any("did not finish" in r.getMessage() for r in caplog.records)
+
+
+_STALLED_CHILD = r"""
+import sys, threading, time
+from hvtrace.record.recorder import Recorder
+from hvtrace.record.writer import TraceFile
+from hvtrace.schema import KIND_CODE
+sys.path.insert(0, sys.argv[2])
+from helpers import make_header
+
+rec = Recorder(sys.argv[1], make_header(), flush_interval_s=0.05)
+assert rec.enabled
+stalled = threading.Event()
+def stall(self, rows, status):  # a write that never returns, as on a hung NFS mount
+    stalled.set()
+    threading.Event().wait()
+TraceFile.append = stall
+rec.add(KIND_CODE["forward"], "forward", 1, 2)
+assert stalled.wait(10)
+print("stalled", flush=True)
+time.sleep(120)  # training goes on; the scheduler sends SIGTERM
+print("SIGTERM did not end the rank", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_ends_a_rank_whose_trace_writes_are_stalled(tmp_path: Path) -> None:
+    """The writer thread is stuck inside a write; SIGTERM (a scheduler ending the job) still ends
+    the rank within the close bound, with a warning that the trace is incomplete."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STALLED_CHILD, str(tmp_path), str(Path(__file__).parents[1])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "stalled"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, out, err)
+    assert "did not end" not in out
+    assert took < 15, took  # the close bound (10 s), well inside a scheduler's grace period
+    assert "did not finish within 10 s" in err, err
