@@ -7,6 +7,12 @@ each rank notes its monotonic time just before entering (``enter_ns``) and just 
 before it released, so for rank *i* and round *r* the offset ``theta_i - theta_0`` (local clock
 minus rank 0's clock) lies in ``[enter_i - exit_0, exit_i - enter_0]``. Intersecting these intervals
 over rounds bounds the offset; the estimate is the midpoint and the uncertainty half the width.
+
+Collectives take milliseconds, so the recorder also times TCP round trips to rank 0
+(:mod:`hvtrace.record.clocksync`): rank 0 answered between the request's ``t1`` and the answer's
+``t3``, so the offset lies in ``[t1 - t2, t3 - t2]`` (``t2``: rank 0's clock in the answer), and
+:func:`estimate_from_round_trips` intersects those intervals the same way. Each estimate says how
+it was obtained (``method``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ class ClockEstimate:
 
     ``at_ns`` is the local monotonic time of the estimate, ``uncertainty_ns`` the half width of the
     interval the offset is known to lie in, ``rounds`` the number of collective rounds used and
-    ``bounded`` whether the interval intersection was non-empty (False: median fallback).
+    ``bounded`` whether the interval intersection was non-empty (False: median fallback),
+    ``method`` how the rounds were taken: ``barrier`` (collective rounds), ``round-trip`` (TCP
+    round trips to rank 0) or ``same-clock`` (rank 0's very clock: offset 0 exactly).
     """
 
     at_ns: int
@@ -30,6 +38,7 @@ class ClockEstimate:
     uncertainty_ns: int
     rounds: int
     bounded: bool = True
+    method: str = "barrier"
 
     def to_dict(self) -> dict[str, int | bool]:
         """Return the estimate as a JSON-ready dict (all times in ns)."""
@@ -39,6 +48,7 @@ class ClockEstimate:
             "uncertainty_ns": self.uncertainty_ns,
             "rounds": self.rounds,
             "bounded": self.bounded,
+            "method": self.method,
         }
 
     @classmethod
@@ -50,6 +60,7 @@ class ClockEstimate:
             int(d["uncertainty_ns"]),
             int(d["rounds"]),
             bool(d.get("bounded", True)),
+            str(d.get("method", "barrier")),
         )
 
 
@@ -71,18 +82,35 @@ def estimate_offsets(enter_ns: np.ndarray, exit_ns: np.ndarray) -> list[ClockEst
         if i == 0:
             out.append(ClockEstimate(at_ns, 0, 0, rounds))
             continue
-        lo = enter[i] - exit_[0]
-        hi = exit_[i] - enter[0]
-        lo_max, hi_min = int(lo.max()), int(hi.min())
-        if lo_max <= hi_min:
-            mid = (lo_max + hi_min) // 2
-            out.append(ClockEstimate(at_ns, mid, (hi_min - lo_max + 1) // 2, rounds))
-        else:  # inconsistent rounds (clock stepped?): fall back to the median midpoint
-            mids = (lo + hi) // 2
-            med = int(np.median(mids))
-            spread = int(np.max(np.abs(mids - med)) + np.max(hi - lo) // 2)
-            out.append(ClockEstimate(at_ns, med, spread, rounds, bounded=False))
+        out.append(_intersect(enter[i] - exit_[0], exit_[i] - enter[0], at_ns, "barrier"))
     return out
+
+
+def estimate_from_round_trips(
+    t1_ns: np.ndarray, t2_ns: np.ndarray, t3_ns: np.ndarray
+) -> ClockEstimate:
+    """Estimate a rank's offset to rank 0 from round trips: it sent at ``t1`` and got the answer
+    at ``t3`` (its clock), rank 0 stamped the answer ``t2`` (rank 0's clock). ``at_ns``: the
+    last ``t3``."""
+    t1, t2, t3 = (np.asarray(x, dtype=np.int64) for x in (t1_ns, t2_ns, t3_ns))
+    if not (t1.shape == t2.shape == t3.shape) or t1.ndim != 1 or len(t1) == 0:
+        raise ValueError("t1, t2, t3 must be equal-length, non-empty 1-d arrays")
+    return _intersect(t1 - t2, t3 - t2, int(t3[-1]), "round-trip")
+
+
+def _intersect(lo: np.ndarray, hi: np.ndarray, at_ns: int, method: str) -> ClockEstimate:
+    """The estimate from per-round bounds ``lo <= offset <= hi``: the intersection's midpoint
+    and half width, or (rounds that contradict each other: a clock stepped?) the median
+    midpoint with a spread that covers every round, marked not ``bounded``."""
+    rounds = len(lo)
+    lo_max, hi_min = int(lo.max()), int(hi.min())
+    if lo_max <= hi_min:
+        mid = (lo_max + hi_min) // 2
+        return ClockEstimate(at_ns, mid, (hi_min - lo_max + 1) // 2, rounds, method=method)
+    mids = (lo + hi) // 2
+    med = int(np.median(mids))
+    spread = int(np.max(np.abs(mids - med)) + np.max(hi - lo) // 2)
+    return ClockEstimate(at_ns, med, spread, rounds, bounded=False, method=method)
 
 
 def offset_at(estimates: list[ClockEstimate], local_ns: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hvtrace.clock import ClockEstimate, offset_at
+from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -338,6 +338,32 @@ class Run:
         f = self.files[rank]
         return max((e.uncertainty_ns for e in f.clock), default=0)
 
+    def clock_table(self) -> dict[int, dict[str, Any]]:
+        """Per rank: ``offset_ns`` (its clock minus rank 0's, at its first estimate),
+        ``uncertainty_ns`` (the worst of its estimates), ``method`` (``same-clock``,
+        ``round-trip`` or ``barrier``; several joined by ``+``), ``estimates``, ``drift_ppm``
+        and ``drift_uncertainty_ppm`` (None with fewer than two estimates)."""
+        out: dict[int, dict[str, Any]] = {}
+        for r, f in sorted(self.files.items()):
+            ests = sorted(f.clock, key=lambda e: e.at_ns)
+            methods = list(dict.fromkeys(e.method for e in ests)) or ["none"]
+            out[int(r)] = {
+                "offset_ns": int(ests[0].offset_ns) if ests else 0,
+                "uncertainty_ns": self.clock_uncertainty_ns(r),
+                "method": "same-clock" if f.same_clock or r == 0 else "+".join(methods),
+                "estimates": len(ests),
+                "drift_ppm": drift_ppm(ests),
+                # the first and last estimates' uncertainties over the time between them
+                "drift_uncertainty_ppm": (
+                    (ests[0].uncertainty_ns + ests[-1].uncertainty_ns)
+                    / (ests[-1].at_ns - ests[0].at_ns)
+                    * 1e6
+                    if len(ests) > 1 and ests[-1].at_ns > ests[0].at_ns
+                    else None
+                ),
+            }
+        return out
+
     def clock_summary(self) -> str:
         """One line saying how clocks were aligned and how well."""
         same = [r for r, f in self.files.items() if f.same_clock and r != 0]
@@ -348,15 +374,21 @@ class Run:
                 (abs(e.offset_ns) for r in same for e in self.files[r].clock_measured), default=0
             )
             parts.append(
-                f"{len(same)} rank(s) share rank 0's kernel clock (same boot id): offset 0 exactly "
+                f"{len(same)} rank(s) share rank 0's clock (same kernel and time namespace): "
+                "offset 0 exactly "
                 f"(barrier estimate within {check / 1e3:.0f} µs of it)"
             )
         if others:
             n_est = sum(len(self.files[r].clock) for r in others)
             worst = max(self.clock_uncertainty_ns(r) for r in others)
+            how = Counter(e.method for r in others for e in self.files[r].clock)
+            by = " and ".join(
+                {"round-trip": "TCP round trips", "barrier": "barrier rounds"}.get(m, m)
+                for m in sorted(how)
+            )
             parts.append(
-                f"{len(others)} rank(s) aligned by barrier rounds ({n_est} estimates, worst "
-                f"uncertainty ±{worst / 1e3:.0f} µs, drift interpolated)"
+                f"{len(others)} rank(s) aligned by {by or 'no estimate'} ({n_est} estimates, "
+                f"worst uncertainty ±{worst / 1e3:.0f} µs, drift interpolated)"
             )
         if not parts:
             return "clocks: single rank, no alignment needed"
@@ -472,6 +504,7 @@ _HEADER_TYPES: Final = (
     ("cross_rank", (int, type(None)), "an integer"),
     ("cross_size", (int, type(None)), "an integer"),
     ("boot_id", (str, type(None)), "a string"),
+    ("time_namespace", (str, type(None)), "a string"),
     ("device", (str, type(None)), "a string"),
     ("timing", (str, type(None)), "a string"),
     ("torch_version", (str, type(None)), "a string"),
@@ -1076,17 +1109,26 @@ def open_run(
                 f"{run_dir}: run {run_id} has {size} ranks; selected rank(s) "
                 f"{format_ranks(outside)} do not exist"
             )
-    _choose_clocks(files, _reference_boot_id(run_dir, run_id, files))
+    problems += _choose_clocks(files, _reference_clock_id(run_dir, run_id, files))
     for msg in problems:
         log.warning("%s", msg)
     return Run(Path(run_dir), run_id, size, files, None, problems, selected)
 
 
-def _reference_boot_id(run_dir: str | os.PathLike, run_id: str, files: dict[int, RankFile]) -> Any:
-    """Rank 0's boot id: from its file when opened, else from its header alone (``--ranks``
-    without 0 still aligns ranks on rank 0's kernel exactly). None when it cannot be read."""
+def _clock_id(header: dict[str, Any]) -> tuple[Any, Any]:
+    """What identifies a rank's CLOCK_MONOTONIC: its kernel's boot id and its time namespace
+    (None in files written before hvtrace recorded it)."""
+    return header.get("boot_id"), header.get("time_namespace")
+
+
+def _reference_clock_id(
+    run_dir: str | os.PathLike, run_id: str, files: dict[int, RankFile]
+) -> tuple[Any, Any] | None:
+    """Rank 0's :func:`_clock_id`: from its file when opened, else from its header alone
+    (``--ranks`` without 0 still aligns ranks on rank 0's clock exactly). None when it cannot
+    be read."""
     if 0 in files:
-        return files[0].header.get("boot_id")
+        return _clock_id(files[0].header)
     for p in find_trace_files(run_dir):
         if rank_from_name(p) != 0:
             continue
@@ -1095,7 +1137,7 @@ def _reference_boot_id(run_dir: str | os.PathLike, run_id: str, files: dict[int,
         except TraceError:
             continue
         if h.get("rank") == 0 and str(h.get("run_id")) == run_id:
-            return h.get("boot_id")
+            return _clock_id(h)
     return None
 
 
@@ -1136,21 +1178,48 @@ def load_run(
     return run
 
 
-def _choose_clocks(files: dict[int, RankFile], ref_boot: Any = None) -> None:
-    """Use offset 0 exactly for ranks on rank 0's kernel; barrier estimates for the others.
+#: How far (beyond its stated uncertainty) a barrier estimate may be from 0 for a rank that
+#: looks like it shares rank 0's clock before the claim is disbelieved.
+SAME_CLOCK_SLACK_NS: Final = 1_000_000
 
-    Processes under one kernel (same ``boot_id``) read the same CLOCK_MONOTONIC, so their true
-    offset is zero; the barrier estimates are kept in ``clock_measured`` as a check.
-    ``ref_boot``: rank 0's boot id (default: from rank 0's file in ``files``).
+
+def _choose_clocks(files: dict[int, RankFile], ref: tuple[Any, Any] | None = None) -> list[str]:
+    """Use offset 0 exactly for ranks that read rank 0's very clock; barrier estimates for the
+    others. Returns problems to report.
+
+    Processes under one kernel (same ``boot_id``) and in one time namespace read the same
+    CLOCK_MONOTONIC, so their true offset is zero; a time namespace offsets the clock under the
+    same kernel, so both must match (files without the namespace: the boot id alone). The
+    barrier estimates are kept in ``clock_measured`` as a check, and when they put such a rank
+    further from 0 than their uncertainty (plus :data:`SAME_CLOCK_SLACK_NS`), the claim is
+    disbelieved and the estimates are used. ``ref``: rank 0's ``(boot_id, time_namespace)``
+    (default: from rank 0's file in ``files``).
     """
-    if ref_boot is None and 0 in files:
-        ref_boot = files[0].header.get("boot_id")
-    for rf in files.values():
+    problems: list[str] = []
+    if ref is None and 0 in files:
+        ref = _clock_id(files[0].header)
+    ref_boot, ref_ns = ref if ref is not None else (None, None)
+    for r, rf in sorted(files.items()):
         rf.clock_measured = list(rf.clock)
-        if ref_boot and rf.header.get("boot_id") == ref_boot:
-            at = rf.clock[0].at_ns if rf.clock else 0
-            rf.clock = [ClockEstimate(at, 0, 0, 0)]
-            rf.same_clock = True
+        boot, ns = _clock_id(rf.header)
+        if not ref_boot or boot != ref_boot or ns != ref_ns:
+            continue
+        far = [e for e in rf.clock if abs(e.offset_ns) > e.uncertainty_ns + SAME_CLOCK_SLACK_NS]
+        if far and r != 0:
+            e = max(far, key=lambda e: abs(e.offset_ns))
+            problems.append(
+                _problem(
+                    rf.path,
+                    f"rank {r} reports rank 0's kernel clock, but its barrier estimate is "
+                    f"{e.offset_ns / 1e6:+.3f} ms ±{e.uncertainty_ns / 1e6:.3f}: using the "
+                    "estimate",
+                )
+            )
+            continue
+        at = rf.clock[0].at_ns if rf.clock else 0
+        rf.clock = [ClockEstimate(at, 0, 0, 0, method="same-clock")]
+        rf.same_clock = True
+    return problems
 
 
 def _file_table(rf: RankFile, problems: list[str] | None) -> pa.Table:

@@ -64,6 +64,8 @@ fi
 
 # Headless Chromium for the dashboard's browser tests (Debian packages; skipped if present).
 bash scripts/setup_browser.sh
+# iproute2 and sshd for the namespace cluster (scripts/cluster.sh) of the many-host tests.
+bash scripts/setup_cluster.sh
 
 if [ -f pyproject.toml ]; then
   log "installing hvtrace[$EXTRAS] (editable)"

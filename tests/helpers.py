@@ -122,8 +122,36 @@ def run_horovodrun(
     hr = horovodrun_path()
     if hr is None:
         pytest.skip(horovod_unavailable_reason() or "horovodrun not installed")
-    full_env = job_env(env)
     cmd = [str(hr), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *map(str, args)]
+    return run_job(cmd, env, cwd, timeout, check, "horovodrun")
+
+
+def run_on_cluster(
+    args: Sequence[str | os.PathLike],
+    np: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run ARGS under Horovod with ``np`` ranks on the namespace cluster that
+    ``scripts/cluster.sh up`` made (``scripts/cluster.sh run``), from the repository root."""
+    cmd = ["bash", str(REPO_ROOT / "scripts" / "cluster.sh"), "run", "--np", str(np), "--"]
+    return run_job([*cmd, *map(str, args)], env, REPO_ROOT, timeout, check, "cluster.sh run")
+
+
+def run_job(
+    cmd: Sequence[str],
+    env: dict[str, str] | None,
+    cwd: str | os.PathLike | None,
+    timeout: float,
+    check: bool,
+    label: str,
+) -> subprocess.CompletedProcess:
+    """Run a job command in its own process group (killed entirely after ``timeout``), in the
+    :func:`job_env` environment; fail the test on a timeout, or on a non-zero exit with
+    ``check``, with the command and the tail of both outputs."""
+    full_env = job_env(env)
+    cmd = list(cmd)
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -142,13 +170,13 @@ def run_horovodrun(
         out, err = proc.communicate()
         done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         pytest.fail(
-            f"horovodrun timed out after {timeout:.0f} s and was killed\n"
+            f"{label} timed out after {timeout:.0f} s and was killed\n"
             + describe(done, time.monotonic() - t0),
             pytrace=False,
         )
     done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if check and done.returncode != 0:
-        pytest.fail("horovodrun failed\n" + describe(done, time.monotonic() - t0), pytrace=False)
+        pytest.fail(f"{label} failed\n" + describe(done, time.monotonic() - t0), pytrace=False)
     return done
 
 

@@ -87,6 +87,9 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     clock: str = ""
     clock_uncertainty_ns: dict[int, int] = field(default_factory=dict)
+    #: Per rank: offset_ns, uncertainty_ns, method, estimates, drift_ppm
+    #: (:meth:`hvtrace.load.Run.clock_table`); empty for a frame.
+    clock_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     rank_states: list[RankState] = field(default_factory=list)
     missing_ranks: list[int] = field(default_factory=list)

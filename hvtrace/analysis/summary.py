@@ -328,6 +328,7 @@ def analyze(
     a.run_dir = Path(run.run_dir)
     a.timing = str(h0.get("timing") or "")
     a.clock = run.clock_summary()
+    a.clock_ranks = run.clock_table()
     a.problems = list(run.problems) + salvaged
     a.missing_ranks = list(run.missing_ranks)
     a.rank_states = [

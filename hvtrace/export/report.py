@@ -24,7 +24,7 @@ from hvtrace.analysis import Analysis
 from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
 from hvtrace.errors import TraceError
 from hvtrace.export.output import make_output_dir, open_output
-from hvtrace.selection import StepRange
+from hvtrace.selection import StepRange, format_ranks
 from hvtrace.units import format_bytes, printable
 
 WIDTH = 80
@@ -122,6 +122,39 @@ def _rank_rows(a: Analysis, ranks: list[int], note: str) -> list[tuple[str, pd.S
     return rows
 
 
+def _host_lines(a: Analysis, w: int) -> list[str]:
+    """With ranks on several hosts: one line per host, its ranks and their clock offsets to rank
+    0 (range, worst uncertainty, how they were measured)."""
+    if len(set(a.hosts.values())) < 2 or not a.clock_ranks:
+        return []
+    by_host: dict[str, list[int]] = {}
+    for r in sorted(a.hosts):
+        by_host.setdefault(a.hosts[r], []).append(r)
+    out = ["hosts and clocks (offset to rank 0's clock, ms):"]
+    for host, ranks in by_host.items():
+        c = [a.clock_ranks[r] for r in ranks if r in a.clock_ranks]
+        if not c:
+            continue
+        lo = min(x["offset_ns"] for x in c) / 1e6
+        hi = max(x["offset_ns"] for x in c) / 1e6
+        unc = max(x["uncertainty_ns"] for x in c) / 1e6
+        methods = ", ".join(dict.fromkeys(x["method"] for x in c))
+        offs = f"{lo:+.3f}" if lo == hi else f"{lo:+.3f}..{hi:+.3f}"
+        drift = [(x["drift_ppm"], x["drift_uncertainty_ppm"] or 0.0) for x in c]
+        drift = [d for d in drift if d[0] is not None]
+        dr = ""
+        if drift:
+            d, du = max(drift, key=lambda d: abs(d[0]))
+            dr = f", drift {d:+.1f} ±{du:.1f} ppm"
+        out += wrap(
+            f"{host}: ranks {format_ranks(ranks)}: {offs} ±{unc:.3f} ({methods}{dr})",
+            w,
+            "  ",
+            "    ",
+        )
+    return out
+
+
 def engine_summary(engine: dict[str, Any]) -> str:
     """One line saying where a Dask engine ran the per-rank pass."""
     workers = engine.get("tasks_by_worker") or {}
@@ -184,6 +217,7 @@ def format_report(
         L += wrap(engine_summary(a.engine), w)
     if a.clock:
         L += wrap(a.clock, w)
+    L += _host_lines(a, w)
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
 
@@ -387,7 +421,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     user span), ``stragglers`` (rank, host, late_ms, last_share, phase, phase_excess_ms,
     reason), ``slow_hosts``, ``verdicts`` (every rank's evidence), ``findings``,
     ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
-    ``clock`` (summary, uncertainty_ns per rank), ``problems``, ``horovod_env``, ``optimizer``.
+    ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
+    drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``.
     """
     from hvtrace import __version__
 
@@ -430,7 +465,14 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     )
     rest = _clean(
         {
-            "clock": {"summary": a.clock, "uncertainty_ns": a.clock_uncertainty_ns},
+            "clock": {
+                "summary": a.clock,
+                "uncertainty_ns": a.clock_uncertainty_ns,
+                **{
+                    key: {r: c[key] for r, c in a.clock_ranks.items()}
+                    for key in ("offset_ns", "method", "drift_ppm", "drift_uncertainty_ppm")
+                },
+            },
             "problems": a.problems,
             "missing_ranks": a.missing_ranks,
             "timing": a.timing,

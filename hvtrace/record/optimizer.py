@@ -30,6 +30,7 @@ import numpy as np
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate, estimate_offsets
 from hvtrace.record import recorder as _recmod
+from hvtrace.record.clocksync import ping_rank0
 from hvtrace.record.recorder import DEFAULT_BUFFER_SPANS, Recorder
 from hvtrace.record.timers import make_timer, monotonic_ns
 from hvtrace.schema import (
@@ -153,8 +154,25 @@ def sync_clocks(hvd: Any, rounds: int) -> ClockEstimate:
         exit_[r] = monotonic_ns()
     mine = torch.from_numpy(np.concatenate([enter, exit_])).unsqueeze(0)
     everyone = hvd.allgather(mine, name=f"{tag}.gather").numpy()
-    ests = estimate_offsets(everyone[:, :rounds], everyone[:, rounds:])
-    return ests[hvd.rank()]
+    barrier = estimate_offsets(everyone[:, :rounds], everyone[:, rounds:])[hvd.rank()]
+    trips = ping_rank0(hvd, PING_ROUNDS, tag)
+    return better_estimate(barrier, trips)
+
+
+#: TCP round trips per clock estimate (tens of microseconds each; see hvtrace.record.clocksync).
+PING_ROUNDS = 32
+
+
+def better_estimate(barrier: ClockEstimate, trips: ClockEstimate | None) -> ClockEstimate:
+    """The round-trip estimate when it is bounded, tighter than the barrier's and consistent
+    with it (both are bounds on the same offset: their intervals must meet); else the barrier's."""
+    if trips is None or not trips.bounded or trips.uncertainty_ns >= barrier.uncertainty_ns:
+        return barrier
+    gap = abs(trips.offset_ns - barrier.offset_ns)
+    if barrier.bounded and gap > trips.uncertainty_ns + barrier.uncertainty_ns:
+        log.debug("hvtrace: clock round trips %s contradict the barrier %s", trips, barrier)
+        return barrier
+    return trips
 
 
 def _handshake(hvd: Any, rounds: int) -> tuple[str, ClockEstimate]:
@@ -168,6 +186,15 @@ def _boot_id() -> str | None:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _time_namespace() -> str | None:
+    """Return this process's time namespace (``time:[4026531834]``): processes under one kernel
+    share CLOCK_MONOTONIC only when they share it too (a time namespace offsets the clock)."""
+    try:
+        return os.readlink("/proc/self/ns/time")
     except OSError:
         return None
 
@@ -273,6 +300,7 @@ class Tracer:
             "cross_size": hvd.cross_size(),
             "host": socket.gethostname(),
             "boot_id": _boot_id(),
+            "time_namespace": _time_namespace(),
             "pid": os.getpid(),
             "device": str(device),
             "timing": "cuda_events" if self.timer.is_cuda else "host_monotonic",

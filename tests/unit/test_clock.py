@@ -119,11 +119,12 @@ def test_estimate_offsets_rejects_bad_shapes(shape_a, shape_b) -> None:
 
 
 def test_estimate_round_trips_through_dict() -> None:
-    e = ClockEstimate(123, -456, 789, 8, bounded=False)
+    e = ClockEstimate(123, -456, 789, 8, bounded=False, method="round-trip")
     assert ClockEstimate.from_dict(e.to_dict()) == e
     d = e.to_dict()
-    del d["bounded"]  # older files: bounded defaults to True
+    del d["bounded"], d["method"]  # older files: bounded by barrier rounds
     assert ClockEstimate.from_dict(d).bounded
+    assert ClockEstimate.from_dict(d).method == "barrier"
 
 
 # -- offset_at ------------------------------------------------------------------------------------
@@ -231,13 +232,17 @@ def test_load_run_corrects_drift_between_estimates(tmp_path: Path) -> None:
     assert abs((locals1[-2] - d0) - true_times[-2]) > 100_000
 
 
-def _two_ranks_with_offset(tmp_path: Path, boot0: str, boot1: str, d: int) -> list[int]:
-    """Rank 1's estimate says its clock reads ``d`` ns more; both record the same local times."""
+def _two_ranks_with_offset(
+    tmp_path: Path, boot0: str, boot1: str, d: int, ns0: str | None = None, ns1: str | None = None
+) -> list[int]:
+    """Rank 1's estimate says its clock reads ``d`` ns more; both record the same local times.
+    ``ns0``/``ns1``: the ranks' time namespaces (None: not recorded, as in older files)."""
     times = [T0 + k * 1_000_000 for k in range(5)]
-    for r, boot, off in ((0, boot0, 0), (1, boot1, d)):
+    for r, boot, off, ns in ((0, boot0, 0, ns0), (1, boot1, d, ns1)):
+        extra = {} if ns is None else {"time_namespace": ns}
         write_rank_file(
             tmp_path / f"rank{r:05d}-{RUN}.arrows",
-            make_header(r, 2, RUN, clock_start=_est(T0, off), boot_id=boot),
+            make_header(r, 2, RUN, clock_start=_est(T0, off), boot_id=boot, **extra),
             [[row("update", "update", t, t + 10, step=k) for k, t in enumerate(times)]],
         )
     return times
@@ -254,7 +259,7 @@ def test_same_boot_id_means_offset_zero(tmp_path: Path) -> None:
     assert [e.offset_ns for e in f1.clock_measured] == [d]
     r1 = run.spans[run.spans["rank"] == 1].sort_values("step")
     assert r1["start_ns"].tolist() == times  # not shifted by the estimate
-    assert "same boot id" in run.clock_summary()
+    assert "same kernel and time namespace" in run.clock_summary()
 
 
 def test_different_boot_id_uses_the_barrier_estimate(tmp_path: Path) -> None:
@@ -267,3 +272,74 @@ def test_different_boot_id_uses_the_barrier_estimate(tmp_path: Path) -> None:
     r1 = run.spans[run.spans["rank"] == 1].sort_values("step")
     assert r1["start_ns"].tolist() == [t - d for t in times]
     assert "barrier rounds" in run.clock_summary()
+
+
+def test_same_kernel_in_another_time_namespace_uses_the_estimate(tmp_path: Path) -> None:
+    """Processes in different time namespaces share the boot id but not CLOCK_MONOTONIC."""
+    d = 7_300_000_000  # host 2's clock runs 7.3 s ahead
+    _two_ranks_with_offset(tmp_path, "boot-A", "boot-A", d, "time:[1]", "time:[2]")
+    run = load_run(tmp_path)
+    assert not run.files[1].same_clock
+    assert [e.offset_ns for e in run.files[1].clock] == [d]
+    assert not run.problems
+
+
+def test_a_same_clock_claim_the_barrier_contradicts_is_disbelieved(tmp_path: Path) -> None:
+    """Files without the time namespace (or a namespace id reused): the boot ids match, but the
+    barrier estimate is 7.3 s off, far beyond its uncertainty: the estimate is used, and said."""
+    d = 7_300_000_000
+    _two_ranks_with_offset(tmp_path, "boot-A", "boot-A", d)
+    run = load_run(tmp_path)
+    assert not run.files[1].same_clock
+    assert [e.offset_ns for e in run.files[1].clock] == [d]
+    assert any("barrier estimate is +7300.000 ms" in p for p in run.problems), run.problems
+    r1 = run.spans[run.spans["rank"] == 1]
+    assert r1["start_ns"].min() == T0 - d  # moved onto rank 0's clock by the estimate
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_round_trips_bound_the_true_offset(seed: int) -> None:
+    from hvtrace.clock import estimate_from_round_trips
+
+    rng = np.random.default_rng(seed)
+    true = int(rng.integers(-10**10, 10**10))
+    t1 = np.cumsum(rng.integers(10_000, 100_000, 32))
+    out = rng.integers(5_000, 200_000, 32)  # one-way delays, asymmetric
+    back = rng.integers(5_000, 200_000, 32)
+    t2 = t1 + out - true  # rank 0 stamps on its own clock
+    t3 = t1 + out + back
+    e = estimate_from_round_trips(t1, t2, t3)
+    assert e.bounded and e.method == "round-trip" and e.rounds == 32
+    assert abs(e.offset_ns - true) <= e.uncertainty_ns
+    assert e.uncertainty_ns <= (out + back).min() // 2 + 1  # no wider than the fastest trip
+
+
+def test_better_estimate_prefers_a_consistent_tighter_round_trip() -> None:
+    from hvtrace.record.optimizer import better_estimate
+
+    barrier = ClockEstimate(1, 7_300_000_000, 5_000_000, 8)
+    tight = ClockEstimate(2, 7_301_000_000, 40_000, 32, method="round-trip")
+    assert better_estimate(barrier, tight) is tight
+    assert better_estimate(barrier, None) is barrier
+    wrong = ClockEstimate(2, 7_400_000_000, 40_000, 32, method="round-trip")  # outside: refused
+    assert better_estimate(barrier, wrong) is barrier
+    loose = ClockEstimate(2, 7_300_000_000, 9_000_000, 32, method="round-trip")
+    assert better_estimate(barrier, loose) is barrier
+
+
+@pytest.mark.timeout(60)
+def test_round_trips_over_loopback_find_offset_zero() -> None:
+    """The real server and client on one clock: the offset is 0 within the stated uncertainty,
+    and a round trip on loopback bounds it to well under a millisecond."""
+    from hvtrace.clock import estimate_from_round_trips
+    from hvtrace.record.clocksync import _ping, _Server
+
+    server = _Server()
+    try:
+        times = _ping(["127.0.0.1"], server.port, 64)
+    finally:
+        server.stop()
+    assert times is not None
+    e = estimate_from_round_trips(times[:, 0], times[:, 1], times[:, 2])
+    assert e.bounded and abs(e.offset_ns) <= e.uncertainty_ns < 1_000_000
+    assert _ping(["127.0.0.1"], server.port, 4) is None  # stopped: nothing answers
