@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.hvtrace-setup
 NP     ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint unit bench samples clean
+.PHONY: setup demo demo-cluster test lint unit bench samples clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml scripts/setup.sh
 ## demo: trace a real 2-rank horovodrun --gloo training of the built-in model, then report on it
 demo: setup
 	NP=$(NP) bash scripts/demo.sh
+
+## demo-cluster: the same across 2 hosts made of namespaces (root; host 2's clock 7.3 s ahead)
+demo-cluster: setup
+	bash scripts/demo_cluster.sh
 
 ## test: lint, then the whole test suite (unit + real horovodrun integration tests)
 test: setup

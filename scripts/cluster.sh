@@ -2,6 +2,7 @@
 # A cluster of Horovod hosts on one Linux machine, made of namespaces (needs root).
 #
 #   scripts/cluster.sh up --hosts N [--clock-offset-s S] [--link-mbit M] [--link-delay-ms D]
+#                         [--cpu-pct K=PCT ...]
 #   scripts/cluster.sh run --np P -- COMMAND ARGS...
 #   scripts/cluster.sh down
 #   scripts/cluster.sh status
@@ -9,7 +10,8 @@
 # Host k (1..N) is a network namespace `hvc<k>` with its own address 10.231.0.<k> on a bridge, its
 # own hostname `hvc<k>` (UTS namespace), its own CLOCK_MONOTONIC offset by (k-1) x S seconds (a
 # time namespace; host 1 keeps the machine's clock) and an sshd. The links of hosts 2..N can be
-# shaped (netem: rate M Mbit/s and delay D ms, each direction). `run` launches COMMAND with the
+# shaped (netem: rate M Mbit/s and delay D ms, each direction), and host K's processes together
+# limited to PCT % of one CPU (a cgroup v1 cpu quota: a slow host). `run` launches COMMAND with the
 # real `horovodrun --gloo -H 10.231.0.1:p,10.231.0.2:p,...` from host 1 (ranks in host order, p
 # per host), in the caller's working directory (one file system: namespaces share it), and exits
 # with the job's status. `down` removes everything `up` made and is safe to run twice.
@@ -21,6 +23,7 @@ STATE=${HVTRACE_CLUSTER_DIR:-/tmp/hvtrace-cluster}
 PREFIX=hvc
 BRIDGE=${PREFIX}br0
 NET=10.231.0
+CGROUP=/sys/fs/cgroup/cpu
 HOROVODRUN=${HOROVODRUN:-$(command -v horovodrun || echo "$HERE/../.venv/bin/horovodrun")}
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] error: %s\n' "$*" >&2; exit 2; }
@@ -35,12 +38,18 @@ down() {
     if [ -f "$STATE/sshd-$k.pid" ]; then
       kill "$(cat "$STATE/sshd-$k.pid")" 2>/dev/null || true
     fi
+    if [ -d "$CGROUP/$PREFIX$k" ]; then
+      xargs -r kill -9 < "$CGROUP/$PREFIX$k/cgroup.procs" 2>/dev/null || true
+    fi
     if [ -f "$STATE/host-$k.pid" ]; then
       kill -- "-$(cat "$STATE/host-$k.pid")" 2>/dev/null || kill "$(cat "$STATE/host-$k.pid")" 2>/dev/null || true
     fi
     ip netns pids "$PREFIX$k" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$PREFIX$k" 2>/dev/null || true
     rm -rf "/etc/netns/$PREFIX$k"
+    if [ -d "$CGROUP/$PREFIX$k" ]; then
+      for _ in 1 2 3 4 5 6 7 8 9 10; do rmdir "$CGROUP/$PREFIX$k" 2>/dev/null && break; sleep 0.2; done
+    fi
     ip link del "${PREFIX}v$k" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
@@ -48,13 +57,14 @@ down() {
 }
 
 up() {
-  local n=2 offset=0 mbit="" delay=""
+  local n=2 offset=0 mbit="" delay="" cpu=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --hosts) n=$2; shift 2 ;;
       --clock-offset-s) offset=$2; shift 2 ;;
       --link-mbit) mbit=$2; shift 2 ;;
       --link-delay-ms) delay=$2; shift 2 ;;
+      --cpu-pct) cpu+=("$2"); shift 2 ;;
       *) die "up: unknown option $1" ;;
     esac
   done
@@ -110,9 +120,21 @@ PrintMotd no
 AcceptEnv *
 EOF
     off=$(python3 -c "print(($k - 1) * float('$offset'))")
+    local pct="" spec into="$STATE/no-cgroup"
+    for spec in "${cpu[@]}"; do [ "${spec%%=*}" = "$k" ] && pct=${spec#*=}; done
+    if [ -n "$pct" ]; then
+      [[ "$pct" =~ ^[0-9]+$ ]] && [ "$pct" -ge 1 ] || die "--cpu-pct $k=$pct: PCT must be a whole percent"
+      [ -d "$CGROUP" ] || die "--cpu-pct needs the cgroup v1 cpu controller at $CGROUP"
+      mkdir -p "$CGROUP/$PREFIX$k"
+      echo 100000 > "$CGROUP/$PREFIX$k/cpu.cfs_period_us"
+      echo $((pct * 1000)) > "$CGROUP/$PREFIX$k/cpu.cfs_quota_us"
+      into="$CGROUP/$PREFIX$k/cgroup.procs"
+    fi
     # the host's processes: sshd (and every session it starts) in the host's network, time and
     # UTS namespaces
-    setsid ip netns exec "$PREFIX$k" python3 "$HERE/timens.py" "$off" -- \
+    # (into the host's cgroup first, when it has one: everything it starts inherits it)
+    setsid sh -c 'echo $$ > "$1" 2>/dev/null; shift; exec "$@"' sh "$into" \
+      ip netns exec "$PREFIX$k" python3 "$HERE/timens.py" "$off" -- \
       unshare --uts sh -c "hostname $PREFIX$k && exec /usr/sbin/sshd -D -e -f $STATE/sshd-$k.conf" \
       > "$STATE/sshd-$k.log" 2>&1 < /dev/null &
     echo $! > "$STATE/host-$k.pid"
@@ -138,7 +160,7 @@ EOF
       sleep 0.1
     done
   done
-  log "up: $n host(s) ${PREFIX}1..${PREFIX}$n at $NET.1..$NET.$n; clock offset ${offset} s per host; link ${mbit:-unshaped} mbit ${delay:-0} ms"
+  log "up: $n host(s) ${PREFIX}1..${PREFIX}$n at $NET.1..$NET.$n; clock offset ${offset} s per host; link ${mbit:-unshaped} mbit ${delay:-0} ms; cpu ${cpu[*]:-unlimited}"
 }
 
 run() {

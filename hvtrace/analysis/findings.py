@@ -128,8 +128,11 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
             )
         )
     v = a.verdicts.set_index("rank")
+    on_slow_host = {int(r) for ranks in a.slow_hosts["ranks"] for r in ranks}
     for _, s in a.stragglers.iterrows():
         r = int(s["rank"])
+        if r in on_slow_host:
+            continue  # named with its host, not one by one
         if r == 0 and skip_rank0 and _between_steps(s["phase"]):
             continue  # said by the rank-0 finding, more specifically
         vr = v.loc[r]

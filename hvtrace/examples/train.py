@@ -6,10 +6,10 @@ Run it under Horovod, for example::
 
 Everything is deterministic for a given ``--seed``: each rank draws its batches from its own
 seeded generator, so a traced and an untraced run end with identical parameters. Options inject a
-known slowdown on one rank (``--slow-rank``) and exercise Horovod's options (``--bpps``,
-``--fp16``, ``--clip``, ``--groups``). For benchmarks, ``--torch-profiler DIR`` runs the loop under
-``torch.profiler`` instead (use it with ``--no-trace``), and ``--step-times`` records each step's
-wall time.
+known slowdown on one rank (``--slow-rank``) or on every rank of one host (``--slow-host``) and
+exercise Horovod's options (``--bpps``, ``--fp16``, ``--clip``, ``--groups``). For benchmarks,
+``--torch-profiler DIR`` runs the loop under ``torch.profiler`` instead (use it with
+``--no-trace``), and ``--step-times`` records each step's wall time.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-trace", action="store_true", help="use hvd.DistributedOptimizer as is")
     p.add_argument("--no-model-hooks", action="store_true", help="do not pass model= to hvtrace")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank to slow down")
-    p.add_argument("--slow-ms", type=float, default=0.0, help="delay added on --slow-rank")
+    p.add_argument(
+        "--slow-host", default=None, help="slow down every rank on the host of this name"
+    )
+    p.add_argument(
+        "--slow-ms", type=float, default=0.0, help="delay added on --slow-rank / --slow-host"
+    )
     p.add_argument("--slow-phase", choices=["forward", "input", "update"], default="forward")
     p.add_argument("--bpps", type=int, default=1, help="backward_passes_per_step")
     p.add_argument("--fp16", action="store_true", help="hvd.Compression.fp16")
@@ -134,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     core = MLP(args.width, args.layers)
-    slow = rank == args.slow_rank and args.slow_ms > 0
+    on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
+    slow = (rank == args.slow_rank or on_slow_host) and args.slow_ms > 0
     model: nn.Module = (
         SlowForward(core, args.slow_ms / 1e3) if slow and args.slow_phase == "forward" else core
     )

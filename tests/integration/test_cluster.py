@@ -106,3 +106,33 @@ def test_clock_offsets_across_hosts_are_what_was_injected(
     ends = ar.pivot_table(index=["step", "name"], columns="rank", values="end_ns")
     gap_ms = np.abs(ends[2] - ends[0]).median() / 1e6
     assert gap_ms < 20, gap_ms
+
+
+def _analyzed(run_dir: Path):
+    from hvtrace.analysis import analyze
+
+    return analyze(open_run(run_dir))
+
+
+def test_a_slow_host_is_named_not_its_ranks(hosts, tmp_path: Path) -> None:
+    """Every rank of host 2 spends 40 ms more in its forward: the host is named, with both its
+    ranks, and the findings do not list its ranks one by one."""
+    hosts("--hosts", "2")
+    _train(tmp_path / "run", 4, 20, "--slow-host", "hvc2", "--slow-ms", "40")
+    a = _analyzed(tmp_path / "run")
+    assert list(a.slow_hosts["host"]) == ["hvc2"], a.verdicts
+    assert sorted(a.slow_hosts["ranks"].iloc[0]) == [2, 3]
+    kinds = [f.kind for f in a.findings]
+    assert "slow_host" in kinds and "straggler" not in kinds, [f.message for f in a.findings]
+    assert not set(a.stragglers["rank"]) & {0, 1}
+
+
+def test_one_slow_rank_on_host_2_is_named_not_its_host(hosts, tmp_path: Path) -> None:
+    """Only rank 3 (host 2) is slowed, by 40 ms in its forward: that rank is named, with its
+    phase, and its host is not."""
+    hosts("--hosts", "2")
+    _train(tmp_path / "run", 4, 20, "--slow-rank", "3", "--slow-ms", "40")
+    a = _analyzed(tmp_path / "run")
+    assert a.slow_hosts.empty, a.slow_hosts
+    assert list(a.stragglers["rank"]) == [3], a.verdicts
+    assert a.stragglers["phase"].iloc[0] == "forward"
