@@ -100,11 +100,21 @@ up() {
     ip -n "$PREFIX$k" link set eth0 up
     ip -n "$PREFIX$k" link set lo up
     if [ "$k" -gt 1 ] && { [ -n "$mbit" ] || [ -n "$delay" ]; }; then
-      local shape=()
-      [ -n "$delay" ] && shape+=(delay "${delay}ms")
-      [ -n "$mbit" ] && shape+=(rate "${mbit}mbit" limit 10000)
-      ip netns exec "$PREFIX$k" tc qdisc add dev eth0 root netem "${shape[@]}"   # host k -> out
-      tc qdisc add dev "${PREFIX}v$k" root netem "${shape[@]}"                   # in -> host k
+      # each direction of host k's link: out of its eth0, and into it (the bridge side's veth)
+      local dev ns
+      for dev in "eth0@$PREFIX$k" "${PREFIX}v$k@"; do
+        ns=${dev#*@}
+        dev=${dev%@*}
+        if [ -n "$delay" ]; then  # netem: delay (and rate); not every kernel has it
+          local shape=(delay "${delay}ms")
+          [ -n "$mbit" ] && shape+=(rate "${mbit}mbit" limit 10000)
+          ip ${ns:+-n "$ns"} link show "$dev" > /dev/null
+          tc ${ns:+-n "$ns"} qdisc add dev "$dev" root netem "${shape[@]}" 2>/dev/null ||
+            die "--link-delay-ms needs the netem qdisc, which this kernel lacks (CONFIG_NET_SCH_NETEM)"
+        else  # rate alone: a token bucket (tbf)
+          tc ${ns:+-n "$ns"} qdisc add dev "$dev" root tbf rate "${mbit}mbit" burst 64kb latency 100ms
+        fi
+      done
     fi
     cat > "$STATE/sshd-$k.conf" <<EOF
 ListenAddress $NET.$k:22
