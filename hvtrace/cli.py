@@ -253,8 +253,9 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "--timeline",
         metavar="PATH",
         default=None,
-        help="also write the merged timeline for Perfetto / chrome://tracing "
-        "(PATH.json, or PATH.json.gz compressed)",
+        help="also write the merged timeline: PATH.pftrace (Perfetto's protobuf format, one "
+        "file for a run of any size), or PATH.json / PATH.json.gz (Chrome JSON, also for "
+        "chrome://tracing)",
     )
     p.add_argument(
         "--steps",

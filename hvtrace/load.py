@@ -1240,17 +1240,27 @@ def _file_table(rf: RankFile, problems: list[str] | None) -> pa.Table:
     return table
 
 
+def align_times(
+    clock: list[ClockEstimate], start_ns: np.ndarray, end_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's span times moved onto rank 0's clock with its estimates ``clock``: each end's
+    offset interpolated at that end (one estimate: the same offset for both). The one rule every
+    reader of spans uses (the span frame, the Perfetto export)."""
+    off_s = offset_at(clock, start_ns)
+    off_e = offset_at(clock, end_ns) if len(clock) > 1 else off_s
+    return start_ns - off_s, end_ns - off_e
+
+
 def _span_frame(files: list[RankFile], problems: list[str] | None = None) -> pd.DataFrame:
     """Concatenate rank tables, align times to rank 0's clock and return a DataFrame."""
     tables = []
     for rf in files:
         t = _file_table(rf, problems)
-        start = t.column("start_ns").to_numpy()
-        end = t.column("end_ns").to_numpy()
-        off_s = offset_at(rf.clock, start)
-        off_e = offset_at(rf.clock, end) if len(rf.clock) > 1 else off_s
-        t = t.set_column(t.schema.get_field_index("start_ns"), "start_ns", pa.array(start - off_s))
-        t = t.set_column(t.schema.get_field_index("end_ns"), "end_ns", pa.array(end - off_e))
+        start, end = align_times(
+            rf.clock, t.column("start_ns").to_numpy(), t.column("end_ns").to_numpy()
+        )
+        t = t.set_column(t.schema.get_field_index("start_ns"), "start_ns", pa.array(start))
+        t = t.set_column(t.schema.get_field_index("end_ns"), "end_ns", pa.array(end))
         t = t.add_column(0, "rank", pa.array(np.full(t.num_rows, rf.rank, np.int32)))
         tables.append(t)
     if not tables:

@@ -587,13 +587,20 @@ def write_timeline(
 ) -> str:
     """Write the merged timeline of ``run`` (rendered from ``a``); return a note naming the file(s).
 
-    Raises :class:`TraceError` (one line) when it cannot be written.
+    The format follows the name: ``*.pftrace`` is Perfetto's protobuf trace
+    (:mod:`hvtrace.export.perfetto`, one file, streamed rank by rank); anything else (``.json``,
+    ``.json.gz``) the Chrome JSON trace (:mod:`hvtrace.export.chrome`). Raises
+    :class:`TraceError` (one line) when it cannot be written.
     """
     try:
         from hvtrace.export.chrome import write_chrome_trace
+        from hvtrace.export.perfetto import is_perfetto_path, write_perfetto_trace
     except ImportError as exc:
         raise TraceError(f"cannot write the timeline: {exc}") from None
     try:
+        if is_perfetto_path(path):
+            res = write_perfetto_trace(run, path, steps=steps, steps_df=a.steps, inputs=inputs)
+            return f"timeline: {res.path} (open in https://ui.perfetto.dev)"
         files = write_chrome_trace(run, path, steps=steps, steps_df=a.steps, inputs=inputs)
     except ValueError as exc:
         raise TraceError(f"{path}: {exc}") from None
