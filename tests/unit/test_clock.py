@@ -302,7 +302,7 @@ def test_round_trips_bound_the_true_offset(seed: int) -> None:
     from hvtrace.clock import estimate_from_round_trips
 
     rng = np.random.default_rng(seed)
-    true = int(rng.integers(-10**10, 10**10))
+    true = int(rng.integers(-(10**10), 10**10))
     t1 = np.cumsum(rng.integers(10_000, 100_000, 32))
     out = rng.integers(5_000, 200_000, 32)  # one-way delays, asymmetric
     back = rng.integers(5_000, 200_000, 32)
