@@ -1,32 +1,46 @@
-"""Benchmark the dashboard on a large synthetic run (64 ranks x 2,000 steps by default).
+"""Benchmark the dashboard on a run of any size (512 ranks x 10,000 steps by default).
 
-The run is written with hvtrace's own writer (:class:`hvtrace.record.writer.TraceFile`), one file
-per rank, with the spans a traced Horovod step produces (input, forward, backward, one allreduce
-per gradient tensor, wait, update, step, a loss scalar) and one slow rank. Prints the time to
-load it, to analyze it, to build each figure, to build the first layout and, when headless
-Chromium is available (``--browser``), the time until every graph of the page is drawn.
+The run is written by ``bench/synth_run.py`` (:func:`write_synth_run`: hvtrace's own writer, files
+closed and compacted to Parquet as on a clean close; one slowed rank, rank ``ranks // 3``, 20 ms
+in its forward), with ``--tensors`` allreduces per step (default 2: 9 spans per rank and step,
+46 M spans at full size), or reused from ``--dir``. Then, cold:
 
-    python bench/dashboard_bench.py [--ranks 64] [--steps 2000] [--tensors 16] [--browser]
-                                    [--repeats 5]
+- **server start**: ``hvtrace dashboard RUN --port N`` in a new process, from its start until the
+  page is served (imports, opening the run, the engine analysis, the first figures); the
+  server's peak RSS;
+- **first render**: the page opened ``--repeats`` times (``--browser``), each time in a new
+  headless Chromium with an empty profile (every script fetched and compiled), from navigation
+  until every graph has its traces drawn; then once more in the same browser (warm). The median
+  and every value are printed, against the 3 s goal for the cold first render;
+- the requests a user makes next, against the running server: a timeline window (queried from the
+  files), a heat-map click, a metric switch;
+- with ``--breakdown`` (default on; ``--no-breakdown``), in this process: open_run, the analysis
+  (DashboardData), each figure (points and traces), create_app and the layout JSON size.
 
-With ``--browser`` the page is opened ``--repeats`` times, each in a new headless Chromium with an
-empty profile (cold: every script fetched and compiled), then once more in the same browser
-(warm); the median and every value are printed, against the 3 s goal for the cold first render.
+    python bench/dashboard_bench.py --browser                        # 512 x 10,000, 46 M spans
+    python bench/dashboard_bench.py --ranks 32 --steps 1000 --browser --repeats 3
+    python bench/dashboard_bench.py --url http://127.0.0.1:8050/ --browser   # a running server
 
-``write_run()`` is also used by the dashboard tests to make a realistic run without Horovod.
+``write_run()`` is also used by the dashboard tests to make a small realistic run without
+Horovod (row by row; ``synth_run`` is the fast, vectorized writer for big runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -191,45 +205,81 @@ def write_run(
     return out
 
 
-def _t(label: str, t0: float, results: dict) -> float:
-    dt = time.perf_counter() - t0
-    results[label] = dt
-    print(f"{label:<28} {dt * 1e3:9.1f} ms", flush=True)
-    return time.perf_counter()
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+GRAPHS = ("heatmap", "timeline", "ratio-rank", "ratio-steps", "tensors")
+#: JS: true once every graph of the page has its traces drawn (heat-map image, bars, lines).
+DRAWN_JS = (
+    "return arguments[0].every(id=>{const g=document.querySelector('#'+id+' .js-plotly-plot');"
+    "return g && g.data && g.data.length>0 && g._fullLayout && g.querySelector('.main-svg') && "
+    "g.querySelectorAll('.heatmaplayer image, .bars path, .scatterlayer path.js-line').length>0;"
+    "});"
+)
+LAYOUT_JS = (
+    "const e=performance.getEntriesByType('resource')"
+    ".find(r=>r.name.endsWith('/_dash-layout'));"
+    "return e ? e.responseEnd : null;"
+)
 
 
-def browser_first_render(
-    app, timeout_s: float = 120.0, screenshot: str | None = None
-) -> dict[str, float] | None:
-    """Serve ``app`` on a free port and time, in headless Chromium, how long after navigation
-    every graph of the page is drawn: a cold load (fresh profile) and a warm one (scripts cached).
+def _say(label: str, seconds: float, results: dict[str, Any], extra: str = "") -> None:
+    results[label] = seconds
+    print(f"{label:<34} {seconds * 1e3:10.1f} ms{('  ' + extra) if extra else ''}", flush=True)
 
-    Returns {"cold": s, "warm": s, "layout_to_drawn_warm": s} (None when Chromium or selenium is
-    missing). ``screenshot``: save a full-page PNG there after the warm load.
-    """
-    import logging
-    import socket
-    import threading
 
-    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
-        return None
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        return None
-    from werkzeug.serving import make_server
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = make_server("127.0.0.1", port, app.server, threaded=True)
-    th = threading.Thread(target=server.serve_forever, daemon=True)
-    th.start()
-    profile = tempfile.mkdtemp(prefix="hvtrace-bench-chrome-")
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a live process, MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def start_server(
+    run_dir: Path, port: int, log_path: Path, timeout_s: float = 900.0
+) -> tuple[subprocess.Popen, float]:
+    """Start ``hvtrace dashboard RUN_DIR --port PORT`` in a new process; return it and the
+    seconds from its start until it serves the page (raises RuntimeError if it does not)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    url = f"http://127.0.0.1:{port}/"
+    with open(log_path, "w") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run_dir), "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return proc, time.perf_counter() - t0
+        except OSError:
+            pass
+        if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
+            proc.kill()
+            raise RuntimeError(f"the dashboard did not start:\n{log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
+def _new_driver(profile: str) -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")
     opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
+    opts.binary_location = str(CHROMIUM)
     for a in (
         "--headless=new",
         "--no-sandbox",
@@ -239,33 +289,43 @@ def browser_first_render(
         "--disable-component-update",
         "--disable-sync",
         "--no-first-run",
+        "--disable-dev-shm-usage",
         "--window-size=1400,1000",
         f"--user-data-dir={profile}",
     ):
         opts.add_argument(a)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-    js = (
-        "const g=[...document.querySelectorAll('.js-plotly-plot')];"
-        "return g.length>=5 && g.every(d=>d.data&&d.data.length>0&&d._fullLayout"
-        "&&d.querySelector('.main-svg'));"
-    )
-    layout_js = (
-        "const e=performance.getEntriesByType('resource')"
-        ".find(r=>r.name.endsWith('/_dash-layout'));"
-        "return e ? e.responseEnd : null;"
-    )
-    out: dict[str, float] = {}
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+
+
+def browser_render(
+    url: str, warm: bool = False, timeout_s: float = 120.0, screenshot: str | None = None
+) -> dict[str, float] | None:
+    """Open ``url`` in a new headless Chromium with an empty profile and time, from navigation,
+    until every graph is drawn (``cold``); with ``warm``, once more in the same browser.
+
+    Returns {"cold": s, "layout_to_drawn_cold": s, ...} (None when Chromium or selenium is
+    missing, or the page was not drawn in ``timeout_s``). ``screenshot``: a full-page PNG.
+    """
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
+        return None
     try:
-        for label in ("cold", "warm"):
+        import selenium  # noqa: F401
+    except ImportError:
+        return None
+    profile = tempfile.mkdtemp(prefix="hvtrace-bench-chrome-")
+    driver = _new_driver(profile)  # started before the clock: the browser's own start is not
+    out: dict[str, float] = {}  # part of the page's render
+    try:
+        for label in ("cold", "warm") if warm else ("cold",):
             t0 = time.perf_counter()
-            driver.get(f"http://127.0.0.1:{port}/")
-            while not driver.execute_script(js):
+            driver.get(url)
+            while not driver.execute_script(DRAWN_JS, list(GRAPHS)):
                 if time.perf_counter() - t0 > timeout_s:
                     return out or None
                 time.sleep(0.02)
             out[label] = time.perf_counter() - t0
             drawn_ms = driver.execute_script("return performance.now()")
-            layout_ms = driver.execute_script(layout_js)
+            layout_ms = driver.execute_script(LAYOUT_JS)
             if layout_ms is not None:
                 out[f"layout_to_drawn_{label}"] = (drawn_ms - layout_ms) / 1e3
         if screenshot:
@@ -276,101 +336,237 @@ def browser_first_render(
         return out
     finally:
         driver.quit()
-        server.shutdown()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _post(base: str, body: dict[str, Any]) -> tuple[float, int]:
+    req = urllib.request.Request(
+        base + "_dash-update-component",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        n = len(r.read())
+    return time.perf_counter() - t0, n
+
+
+def interactions(base: str, start: int, results: dict[str, Any]) -> None:
+    """Time the requests a user makes after the first render, against the running server."""
+    timeline = {
+        "output": "timeline.figure",
+        "outputs": {"id": "timeline", "property": "figure"},
+        "inputs": [
+            {"id": "win-start", "property": "value", "value": start},
+            {"id": "win-size", "property": "value", "value": 3},
+            {"id": "rank-filter", "property": "value", "value": []},
+            {"id": "focus-step", "property": "data", "value": start + 1},
+        ],
+        "changedPropIds": ["win-start.value"],
+        "state": [],
+    }
+    dt, n = _post(base, timeline)
+    _say("timeline window (3 steps)", dt, results, f"{n / 1e6:.2f} MB")
+    picked = json.loads(json.dumps(timeline))
+    picked["inputs"][2]["value"] = [0, 1]
+    picked["changedPropIds"] = ["rank-filter.value"]
+    dt, n = _post(base, picked)
+    _say("timeline, 2 ranks picked", dt, results, f"{n / 1e6:.2f} MB")
+    metric = {
+        "output": "heatmap.figure",
+        "outputs": {"id": "heatmap", "property": "figure"},
+        "inputs": [{"id": "heat-metric", "property": "value", "value": "step"}],
+        "changedPropIds": ["heat-metric.value"],
+        "state": [],
+    }
+    dt, n = _post(base, metric)
+    _say("heat map metric switch", dt, results, f"{n / 1e6:.2f} MB")
+
+
+def breakdown(run_dir: Path, results: dict[str, Any]) -> None:
+    """In this process: open the run, analyze it, build each figure and the first layout."""
+    from hvtrace_dashboard import app as app_mod
+    from hvtrace_dashboard import figures
+
+    from hvtrace.load import open_run
+
+    t = time.perf_counter()
+    run = open_run(run_dir)
+    _say("open_run", time.perf_counter() - t, results)
+    t = time.perf_counter()
+    model = app_mod.DashboardData.from_run(run)
+    _say("analysis (DashboardData)", time.perf_counter() - t, results)
+    for name, build in figures.bench_builders(model).items():
+        t = time.perf_counter()
+        fig = build()
+        dt = time.perf_counter() - t
+        n = 0
+        for tr in fig.data:
+            z = getattr(tr, "z", None)
+            x = getattr(tr, "x", None)
+            n += int(np.asarray(z).size) if z is not None else (len(x) if x is not None else 0)
+        title = fig.layout.title.text or ""
+        _say(f"figure {name}", dt, results, f"{n:,} points in {len(fig.data)} traces")
+        print(f"{'':<34} {title}")
+    t = time.perf_counter()
+    app = app_mod.create_app(run, data=model)
+    _say("create_app + first layout", time.perf_counter() - t, results)
+    t = time.perf_counter()
+    resp = app.server.test_client().get("/_dash-layout")
+    _say("GET /_dash-layout (in process)", time.perf_counter() - t, results)
+    results["layout_mb"] = len(resp.data) / 1e6
+    print(f"{'':<34} {len(resp.data) / 1e6:10.2f} MB layout JSON")
+    print(f"{'':<34} spans table built: {'spans' in run.__dict__}")
+
+
+def _synth_module() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "synth_run", Path(__file__).with_name("synth_run.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--ranks", type=int, default=64)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--tensors", type=int, default=16)
+    p.add_argument("--ranks", type=int, default=512)
+    p.add_argument("--steps", type=int, default=10_000)
+    p.add_argument("--tensors", type=int, default=2, help="allreduces per step (default 2)")
     p.add_argument("--dir", default=None, help="where to write the run (kept); default: a temp dir")
     p.add_argument("--browser", action="store_true", help="also time the first render in Chromium")
     p.add_argument(
-        "--repeats", type=int, default=5, help="browser loads, each in a fresh browser (median)"
+        "--repeats", type=int, default=5, help="cold loads, each in a fresh browser (median)"
+    )
+    p.add_argument(
+        "--no-breakdown", dest="breakdown", action="store_false", help="skip the in-process part"
+    )
+    p.add_argument(
+        "--url",
+        default=None,
+        help="time the browser and the requests against this running dashboard instead "
+        "(no run written, no server started, no breakdown)",
     )
     p.add_argument("--json", default=None, help="write the timings (s) to this JSON file")
     p.add_argument("--screenshot", default=None, help="with --browser: save a full-page PNG")
     args = p.parse_args(argv)
 
-    from hvtrace.load import load_run
+    from hvtrace.schema import TRACE_SUFFIXES
 
-    results: dict[str, float] = {}
+    results: dict[str, Any] = {}
+    if args.url:
+        base = args.url.rstrip("/") + "/"
+        load = os.getloadavg()
+        print(f"{base}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        _browser_part(base, args, results)
+        load = os.getloadavg()
+        print(f"load average now: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return 0
     tmp = None
     if args.dir:
         run_dir = Path(args.dir)
     else:
         tmp = tempfile.mkdtemp(prefix="hvtrace-dash-bench-")
         run_dir = Path(tmp)
+    server = None
     try:
-        from hvtrace.schema import TRACE_SUFFIXES
-
-        if not any(p.suffix in TRACE_SUFFIXES for p in run_dir.glob("rank*")):
+        if not any(q.suffix in TRACE_SUFFIXES for q in run_dir.glob("rank*")):
             t = time.perf_counter()
-            write_run(run_dir, args.ranks, args.steps, args.tensors, slow_rank=args.ranks // 3)
-            _t("write synthetic run", t, results)
-        t = time.perf_counter()
-        run = load_run(run_dir)
-        print(
-            f"run: {len(run.ranks)} ranks, {run.spans['step'].max() + 1} steps, "
-            f"{len(run.spans):,} spans"
-        )
-        t = _t("load_run", t, results)
+            n = _synth_module().write_synth_run(
+                run_dir, args.ranks, args.steps, args.tensors, slow_rank=args.ranks // 3
+            )
+            _say("write synthetic run", time.perf_counter() - t, results, f"{n:,} spans")
+        files = [q for q in run_dir.glob("rank*") if q.suffix in TRACE_SUFFIXES]
+        size = sum(q.stat().st_size for q in files)
+        print(f"run: {run_dir}, {len(files)} files, {size / 1e6:.1f} MB")
+        load = os.getloadavg()
+        print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+        results["loadavg_1min_before"] = load[0]
 
-        from hvtrace_dashboard import app as app_mod
-        from hvtrace_dashboard import figures
-
+        port = _free_port()
+        base = f"http://127.0.0.1:{port}/"
+        log_path = Path(tempfile.gettempdir()) / f"hvtrace-dash-bench-{port}.log"
+        server, dt = start_server(run_dir, port, log_path)
+        rss = _peak_rss_mb(server.pid)
+        _say("server start (cold, to serving)", dt, results, f"peak RSS {rss or 0:.0f} MB")
+        results["server_peak_rss_mb"] = rss
+        ready = [ln for ln in log_path.read_text().splitlines() if " ready in " in ln]
+        print(f"{'':<34} {ready[-1] if ready else ''}")
         t = time.perf_counter()
-        model = app_mod.DashboardData.from_run(run)
-        t = _t("analysis (DashboardData)", t, results)
-        for name, build in figures.bench_builders(model).items():
-            fig = build()
-            t = _t(f"figure {name}", t, results)
-            n = sum(len(tr.x) if getattr(tr, "x", None) is not None else 0 for tr in fig.data)
-            print(f"{'':<28} {n:9d} points in {len(fig.data)} traces")
-            t = time.perf_counter()
-        t = time.perf_counter()
-        app = app_mod.create_app(run, data=model)
-        t = _t("create_app + first layout", t, results)
-        resp = app.server.test_client().get("/_dash-layout")
-        _t("GET /_dash-layout", t, results)
-        print(f"{'':<28} {len(resp.data) / 1e6:9.2f} MB layout JSON")
-        if args.browser:
-            runs = []
-            for i in range(args.repeats):  # a fresh browser and profile each time: truly cold
-                got = browser_first_render(
-                    app, screenshot=args.screenshot if i == args.repeats - 1 else None
-                )
-                if got:
-                    runs.append(got)
-            if not runs:
-                print("first render in Chromium: unavailable (no chromium/selenium or timed out)")
-            for k in runs[0] if runs else ():
-                vals = sorted(r[k] for r in runs if k in r)
-                med = statistics.median(vals)
-                results[f"browser {k}"] = med
-                results[f"browser {k} all"] = vals
-                spread = " ".join(f"{v * 1e3:.0f}" for v in vals)
-                label = "browser " + k.replace("_", " ")
-                print(f"{label:<28} {med * 1e3:9.1f} ms  (median; {spread})")
-            if runs:
-                cold = results["browser cold"]
-                print(
-                    f"first render goal (cold, median of {len(runs)}): {cold:.2f} s vs 3 s: "
-                    + ("met" if cold <= 3.0 else "MISSED")
-                )
+        with urllib.request.urlopen(base + "_dash-layout", timeout=300) as r:
+            layout = r.read()
+        _say("GET /_dash-layout", time.perf_counter() - t, results, f"{len(layout) / 1e6:.2f} MB")
+        _browser_part(base, args, results)
+        results["server_peak_rss_mb_end"] = _peak_rss_mb(server.pid)
+        server.terminate()
+        server.wait(30)
+        server = None
+        if args.breakdown:
+            print("in process:")
+            breakdown(run_dir, results)
         load = os.getloadavg()
         print(
-            f"load average now: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs"
+            f"load average now: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs"
         )
         results["loadavg_1min"] = load[0]
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
     finally:
+        if server is not None:
+            server.kill()
+            server.wait()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def _browser_part(base: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The cold and warm first renders (``--browser``) and the requests that follow."""
+    with urllib.request.urlopen(base + "_dash-layout", timeout=300) as r:
+        layout = r.read()
+    if args.browser:
+        runs = []
+        for i in range(args.repeats):  # a fresh browser and profile each time: truly cold
+            last = i == args.repeats - 1
+            got = browser_render(base, warm=last, screenshot=args.screenshot if last else None)
+            if got:
+                runs.append(got)
+        if not runs:
+            print("first render in Chromium: unavailable (no chromium/selenium or timed out)")
+        for k in sorted({k for r in runs for k in r}):
+            vals = sorted(r[k] for r in runs if k in r)
+            med = statistics.median(vals)
+            results[f"browser {k}"] = med
+            results[f"browser {k} all"] = vals
+            spread = " ".join(f"{v * 1e3:.0f}" for v in vals)
+            label = "browser " + k.replace("_", " ")
+            print(f"{label:<34} {med * 1e3:10.1f} ms  (median of {len(vals)}: {spread})")
+        if runs:
+            cold = results["browser cold"]
+            print(
+                f"first render goal (cold, median of {len(runs)}): {cold:.2f} s vs 3 s: "
+                + ("met" if cold <= 3.0 else "MISSED")
+            )
+    layout_tree = json.loads(layout)
+    start = _find_value(layout_tree, "win-start")
+    interactions(base, int(start or 0), results)
+
+
+def _find_value(node: Any, component_id: str) -> Any:
+    """The ``value`` prop of the component ``component_id`` in a Dash layout JSON tree."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            props = n.get("props")
+            if isinstance(props, dict) and props.get("id") == component_id:
+                return props.get("value")
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    return None
 
 
 if __name__ == "__main__":

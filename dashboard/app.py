@@ -1,26 +1,36 @@
 """The Dash app: ``create_app(run)`` and the ``hvtrace dashboard`` command.
 
-:class:`DashboardData` is the only place the page gets numbers from: it calls
-:mod:`hvtrace.analysis` once when the app is created and keeps the resulting tables; the figures
-and callbacks only reshape them for display. The app serves the one run it was created with.
+:class:`DashboardData` is the only place the page gets numbers from: it runs the engine analysis
+(:func:`hvtrace.analysis.analyze`, which never loads the run's spans as one table) once when the
+app is created and keeps its per-(rank, step) tables, reshaped for the figures (rank x step
+arrays, per-rank and per-step summaries); the figures bin them to what a browser draws quickly.
+The timeline is the one view that shows spans: those of its window only (a step range and a set
+of ranks), queried from the rank files on DuckDB when it is drawn
+(:func:`hvtrace.analysis.engine.window_spans`, on rank 0's clock by the analysis' own offsets).
+So a run of any size opens. The app serves the one run it was created with.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import logging
 import re
 import sys
+import time
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from dash import Dash
 from hvtrace_dashboard import callbacks, figures
-from hvtrace_dashboard.layout import INDEX_STRING, build_layout
+from hvtrace_dashboard.layout import INDEX_STRING, WINDOW_SIZES, build_layout
 
-from hvtrace.load import Run, TraceError, load_run
+from hvtrace.load import Run, TraceError, open_run, span_sources
 from hvtrace.schema import TRACE_SUFFIXES
 from hvtrace.selection import StepRange
 from hvtrace.units import printable
@@ -33,21 +43,107 @@ SAMPLE_RUNS = ("slow_rank1_forward_2rank", "balanced_2rank", "slow_rank2_input_4
 DEFAULT_WINDOW = 3
 #: Spans the first timeline aims to stay under (the window shrinks to 1 step at the least).
 FIRST_TIMELINE_SPANS = 3_000
+#: Ranks the timeline shows when no rank is picked, all of them up to this many; a run with more
+#: shows ``TIMELINE_SUBSET`` ranks: rank 0 and the ranks that arrive latest (median lateness:
+#: the stragglers first), and the title says so.
+TIMELINE_RANKS = 32
+TIMELINE_SUBSET = 16
+
+#: Timeline windows whose spans are kept in memory (a few thousand spans each at most).
+WINDOW_CACHE = 64
+
+#: ``fetch(steps, ranks)``: the spans of a timeline window (columns of
+#: :func:`hvtrace.analysis.engine.window_spans`, times on rank 0's clock).
+WindowFetch = Callable[[StepRange, list[int]], pd.DataFrame]
+
+
+def run_window(run: Run) -> WindowFetch:
+    """Return the window query of ``run``: each call reads only the row groups of its steps from
+    the files of its ranks (:func:`hvtrace.analysis.engine.window_spans`) on a cursor of its own
+    (concurrent requests share one in-memory DuckDB database, with the analysis' memory limit,
+    closed when the query is garbage-collected or at exit). The last
+    ``WINDOW_CACHE`` windows are kept (moving back and forth, or changing the rank filter back,
+    costs no query); a window that could not be read is asked again."""
+    import duckdb
+
+    from hvtrace.analysis.engine import default_memory_limit_bytes, window_spans
+
+    # a window is small: no spilling, so no spill directory to leave behind if the server is
+    # killed (the analysis' engine has one, removed when it is done)
+    db = duckdb.connect(
+        ":memory:",
+        config={
+            "threads": 1,
+            "memory_limit": f"{default_memory_limit_bytes() // (1 << 20)}MiB",
+            "temp_directory": "",
+        },
+    )
+
+    def fetch(steps: StepRange, ranks: list[int]) -> pd.DataFrame:
+        return query(steps.first, steps.stop, tuple(sorted(set(int(r) for r in ranks))))
+
+    @functools.lru_cache(maxsize=WINDOW_CACHE)
+    def query(first: int, stop: int | None, ranks: tuple[int, ...]) -> pd.DataFrame:
+        steps = StepRange(first, stop)
+        want = set(ranks)
+        sources = [s for s in span_sources(run, steps) if s.rank in want]
+        if not sources:
+            return _no_spans()
+        t0 = time.perf_counter()
+        con = db.cursor()
+        try:
+            out = window_spans(sources, steps, con)
+        except (duckdb.Error, OSError) as exc:  # a file changed or vanished since the start
+            text = str(exc).strip()
+            first = text.splitlines()[0][:200] if text else type(exc).__name__
+            raise TraceError(f"cannot read steps {steps.label()}: {first}") from None
+        finally:
+            con.close()
+        log.debug(
+            "window %s of %d rank(s): %d spans in %.3f s",
+            steps.label(),
+            len(sources),
+            len(out),
+            time.perf_counter() - t0,
+        )
+        return out
+
+    weakref.finalize(fetch, db.close)  # with the query, or at exit
+    return fetch
+
+
+def frame_window(spans: pd.DataFrame) -> WindowFetch:
+    """Return the window query of a span table already in memory (``Run.spans`` of a loaded
+    run, or a hand-made one): for tests and notebooks."""
+
+    def fetch(steps: StepRange, ranks: list[int]) -> pd.DataFrame:
+        m = steps.mask(spans["step"].to_numpy()) & spans["rank"].isin(ranks).to_numpy()
+        return spans[m]
+
+    return fetch
+
+
+def _no_spans() -> pd.DataFrame:
+    cols = {"rank": np.int32, "step": np.int32, "kind": object, "name": object}
+    cols |= {"start_ns": np.int64, "end_ns": np.int64, "bytes": np.int64, "dtype": object}
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
 
 
 @dataclass
 class DashboardData:
     """What the page shows, computed once per run by :mod:`hvtrace.analysis`.
 
-    ``heat`` maps a metric key to a rank x step table (index rank, columns step) and
-    ``heat_labels`` the key to the label of the control; ``per_rank``, ``per_step`` and
-    ``per_tensor`` feed the comm/compute and tensor charts; ``stragglers`` is the table shown as
-    is. ``spans`` is the run's span table for the timeline.
+    ``heat`` maps a metric key to a rank x step table (index rank, columns step, float32 cells)
+    and ``heat_labels`` the key to the label of the control; ``per_rank`` (``rank``, ``host``,
+    ``late_ms``, ``comm_compute_ratio``), ``per_step`` and ``per_tensor`` feed the per-rank,
+    comm/compute and tensor charts; ``stragglers`` is the table shown as is. ``window(steps,
+    ranks)`` returns the spans of a timeline window; ``spans_per_rank_step`` (the run's average)
+    sizes the first one; ``timeline_ranks`` are the rows shown when no rank is picked.
     """
 
     run_id: str
     run_dir: str
-    spans: pd.DataFrame
+    window: WindowFetch
     hosts: dict[int, str]
     ranks: list[int]
     last_step: int
@@ -66,48 +162,88 @@ class DashboardData:
     problems: list[str] = field(default_factory=list)
     clock_note: str = ""
     t0_ns: int = 0
+    spans_per_rank_step: float = 20.0
+    timeline_ranks: list[int] = field(default_factory=list)
+    _heat_figures: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.timeline_ranks:
+            self.timeline_ranks = default_timeline_ranks(
+                self.ranks, self.per_rank, self.straggler_ranks
+            )
 
     @property
     def rank_names(self) -> list[str]:
         """Label of each rank in ``ranks`` for the rank filter."""
         return [f"rank {r} ({self.hosts.get(r, '?')})" for r in self.ranks]
 
+    @property
+    def rank_filter_placeholder(self) -> str:
+        """What the rank filter says when no rank is picked."""
+        if len(self.timeline_ranks) >= len(self.ranks):
+            return "all ranks"
+        return f"{len(self.timeline_ranks)} of {len(self.ranks)}: rank 0 and the latest to arrive"
+
     # -- figures ------------------------------------------------------------------------------
     def heatmap(self, metric: str) -> Any:
-        """Return the heat map of ``metric`` (a key of ``heat``)."""
+        """Return the heat map of ``metric`` (a key of ``heat``; built once, then cached)."""
         if metric not in self.heat:
             metric = next(iter(self.heat), "")
-        return figures.heatmap_figure(
-            self.heat.get(metric),
-            title=f"{self.heat_labels.get(metric, metric)} per rank and step",
-            unit=self.heat_units.get(metric, "ms"),
-            hosts=self.hosts,
-            highlight_ranks=self.straggler_ranks,
-        )
+        fig = self._heat_figures.get(metric)
+        if fig is None:
+            fig = figures.heatmap_figure(
+                self.heat.get(metric),
+                title=f"{self.heat_labels.get(metric, metric)} per rank and step",
+                unit=self.heat_units.get(metric, "ms"),
+                hosts=self.hosts,
+                highlight_ranks=self.straggler_ranks,
+            )
+            self._heat_figures[metric] = fig
+        return fig
 
     def window_spans(self, steps: StepRange, ranks: list[int] | None) -> pd.DataFrame:
-        """Return the spans of ``steps`` of ``ranks`` (all when None)."""
-        s = self.spans
-        m = steps.mask(s["step"].to_numpy())
-        if ranks:
-            m &= s["rank"].isin(ranks).to_numpy()
-        return s[m]
+        """Return the spans of ``steps`` of ``ranks`` (None: ``timeline_ranks``)."""
+        return self.window(steps, list(ranks) if ranks else list(self.timeline_ranks))
+
+    def shown_ranks(self, ranks: Any) -> tuple[list[int], bool]:
+        """Return the timeline's rows for a rank-filter value and whether they were picked
+        (values that are not ranks of the run are ignored; none left: ``timeline_ranks``)."""
+        known = set(self.ranks)
+        picked = []
+        for r in ranks if isinstance(ranks, list | tuple) else []:
+            try:
+                rank = int(r)
+            except (TypeError, ValueError):
+                continue
+            if rank in known:
+                picked.append(rank)
+        if picked:
+            return sorted(set(picked)), True
+        return list(self.timeline_ranks), False
 
     def timeline(
         self, start: int, size: int, ranks: list[int] | None = None, focus: int | None = None
     ) -> Any:
-        """Return the timeline of ``size`` steps from ``start`` for ``ranks`` (all when None)."""
+        """Return the timeline of ``size`` steps from ``start`` for ``ranks`` (None: the
+        default rows, ``timeline_ranks``); its spans are queried for this window only."""
         start = max(0, min(int(start), self.last_step))
-        size = max(1, int(size))
-        shown = sorted(int(r) for r in ranks) if ranks else self.ranks
+        size = max(1, min(int(size), max(WINDOW_SIZES)))
+        shown, picked = self.shown_ranks(ranks)
         stop = min(start + size, self.last_step + 1)
         window, last = StepRange(start, stop), stop - 1
         steps = f"step {start}" if last == start else f"steps {start}–{last}"
         title = f"Timeline · {steps} · {len(shown)} of {len(self.ranks)} ranks"
+        if not picked and len(shown) < len(self.ranks):
+            title += " (rank 0 and the latest to arrive; pick ranks above)"
         if focus is not None and window.contains(int(focus)):
             title += f" · step {int(focus)} highlighted"
+        try:
+            spans = self.window_spans(window, shown)
+        except TraceError as exc:
+            log.warning("%s", exc)
+            return figures.empty_figure(figures.esc(f"{title}: {exc}"))
         return figures.timeline_figure(
-            self.window_spans(window, shown),
+            spans,
             ranks=shown,
             t0_ns=self.t0_ns,
             title=title,
@@ -121,8 +257,14 @@ class DashboardData:
         return {
             "heatmap": lambda: self.heatmap(next(iter(self.heat), "")),
             "timeline": lambda: self.timeline(start, size, None, self.focus_step),
-            "ratio_rank": lambda: figures.ratio_per_rank_figure(
-                self.per_rank, highlight_ranks=self.straggler_ranks, hosts=self.hosts
+            "ratio_rank": lambda: figures.per_rank_figure(
+                self.per_rank,
+                {
+                    "late_ms": ("arrival lateness", "ms"),
+                    "comm_compute_ratio": ("comm/compute", "ratio"),
+                },
+                highlight_ranks=self.straggler_ranks,
+                hosts=self.hosts,
             ),
             "ratio_steps": lambda: figures.ratio_over_steps_figure(
                 self.per_step, self.per_step_columns
@@ -132,7 +274,7 @@ class DashboardData:
 
     def initial_size(self) -> int:
         """Return the steps of the first timeline window: DEFAULT_WINDOW, fewer on big runs."""
-        per_step = len(self.spans) / max(1, self.last_step + 1)
+        per_step = self.spans_per_rank_step * max(1, len(self.timeline_ranks))
         return int(max(1, min(DEFAULT_WINDOW, FIRST_TIMELINE_SPANS // max(per_step, 1))))
 
     def initial_window(self) -> int:
@@ -140,29 +282,23 @@ class DashboardData:
         return callbacks.window_for_click(self.focus_step, self.initial_size(), self.last_step)
 
     @classmethod
-    def from_run(cls, run: Run) -> DashboardData:
-        """Analyze ``run`` with :func:`hvtrace.analysis.analyze` and keep what the page shows."""
+    def from_run(cls, run: Run, **analyze_kw: Any) -> DashboardData:
+        """Analyze ``run`` with :func:`hvtrace.analysis.analyze` (on the engine: the run's spans
+        are never one table) and keep what the page shows; ``analyze_kw`` go to ``analyze``."""
         from hvtrace.analysis import analyze
 
-        return cls.from_analysis(run, analyze(run))
+        return cls.from_analysis(run, analyze(run, **analyze_kw))
 
     @classmethod
     def from_analysis(cls, run: Run, a: Any) -> DashboardData:
         """Keep the tables of an :class:`hvtrace.analysis.Analysis` of ``run`` for the page.
 
-        Only reshaping happens here (pivots to rank x step, column picks, formatting), plus the
-        header's run-level medians of the analyzer's per-step table (see ``_headline``).
+        Only reshaping happens here (rank x step arrays, column picks, formatting), plus the
+        header's run-level medians of the analyzer's per-step table (see ``_headline``). The
+        timeline's spans are read from ``run``'s files per window (:func:`run_window`).
         """
-        from hvtrace.analysis import arrival_table
-
         st = a.steps
-        heat: dict[str, pd.DataFrame] = {}
-        if len(st):
-            heat["step"] = st.pivot(index="rank", columns="step", values="step_ns") / 1e6
-            heat["compute"] = st.pivot(index="rank", columns="step", values="model_ns") / 1e6
-            late = arrival_table(st)
-            if late["lateness_ms"].notna().any():
-                heat["lateness"] = late.pivot(index="rank", columns="step", values="lateness_ms")
+        heat = _heat_tables(st)
         labels = {
             "lateness": "arrival lateness",
             "step": "step time",
@@ -201,19 +337,25 @@ class DashboardData:
                 f"statistics over steps {first}..{last} ({count} steps; "
                 f"warm-up steps before {a.skip_steps} left out)"
             )
+        per_rank = a.per_rank[["rank", "host", "comm_compute_ratio"]].copy()
+        late = a.verdicts.set_index("rank")["late_ms"] if "late_ms" in a.verdicts else None
+        per_rank.insert(2, "late_ms", per_rank["rank"].map(late) if late is not None else np.nan)
+        last_step = int(st["step"].max()) if len(st) else 0
+        total = a.read.get("spans_total") or sum(int(f.n_spans) for f in run.files.values())
+        cells = max(1, len(a.ranks) * (last_step + 1))
         return cls(
             run_id=a.run_id or run.run_id,
             run_dir=str(run.run_dir),
-            spans=run.spans,
+            window=run_window(run),
             hosts=dict(a.hosts),
             ranks=list(a.ranks),
-            last_step=int(run.spans["step"].max()) if len(run.spans) else 0,
+            last_step=last_step,
             summary=summary,
             findings=[("⚠ " if f.severity == "warning" else "") + f.message for f in a.findings],
             heat=heat,
             heat_labels={k: labels[k] for k in heat},
             heat_units={k: "ms" for k in heat},
-            per_rank=a.per_rank[["rank", "host", "comm_compute_ratio"]],
+            per_rank=per_rank,
             per_step=per_step,
             per_step_columns={
                 "comm_compute_ratio": "comm/compute (rank that arrived last)",
@@ -225,8 +367,58 @@ class DashboardData:
             focus_step=focus,
             problems=list(a.problems),
             clock_note=" · ".join(notes),
-            t0_ns=int(run.spans["start_ns"].min()) if len(run.spans) else 0,
+            t0_ns=int(st["start_ns"].min()) if len(st) else 0,
+            spans_per_rank_step=total / cells,
         )
+
+
+def default_timeline_ranks(
+    ranks: list[int],
+    per_rank: pd.DataFrame | None,
+    stragglers: Sequence[int] = (),
+    limit: int = TIMELINE_RANKS,
+    subset: int = TIMELINE_SUBSET,
+) -> list[int]:
+    """Return the timeline's rows when no rank is picked: every rank up to ``limit``; beyond,
+    ``subset`` ranks: rank 0, the stragglers and the ranks with the largest median lateness
+    (``late_ms`` of ``per_rank``; without it, the first ranks), sorted."""
+    if len(ranks) <= limit:
+        return list(ranks)
+    limit = subset
+    chosen = [r for r in (ranks[0], *stragglers) if r in set(ranks)]
+    order: list[int] = list(ranks)
+    if per_rank is not None and "late_ms" in per_rank and per_rank["late_ms"].notna().any():
+        by_late = per_rank.sort_values("late_ms", ascending=False, na_position="last")
+        order = [int(r) for r in by_late["rank"]] + order
+    for r in order:
+        if len(chosen) >= limit:
+            break
+        if r not in chosen:
+            chosen.append(r)
+    return sorted(chosen[:limit])
+
+
+def _heat_tables(st: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Rank x step tables (ms, float32) of step time, compute time and arrival lateness, built
+    by indexing (a pivot of millions of rows takes seconds)."""
+    if st.empty:
+        return {}
+    ranks, ri = np.unique(st["rank"].to_numpy(), return_inverse=True)
+    steps, si = np.unique(st["step"].to_numpy(), return_inverse=True)
+    out: dict[str, pd.DataFrame] = {}
+    cols = {"step": "step_ns", "compute": "model_ns", "lateness": "lateness_ns"}
+    for key, col in cols.items():
+        if col not in st:
+            continue
+        v = st[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        if key == "lateness" and not np.isfinite(v).any():
+            continue
+        z = np.full((len(ranks), len(steps)), np.nan, np.float32)
+        z[ri, si] = v / 1e6
+        out[key] = pd.DataFrame(
+            z, index=pd.Index(ranks, name="rank"), columns=pd.Index(steps, name="step")
+        )
+    return out
 
 
 def _headline(per_step: pd.DataFrame) -> dict[str, float]:
@@ -246,11 +438,30 @@ def _fmt(x: Any, unit: str = "", spec: str = ".1f") -> str:
     return f"{x:{spec}}{unit}"
 
 
+class _PageDash(Dash):
+    """Dash, with the layout's JSON made once: the page's layout is built at start and never
+    changes (each figure's arrays are encoded once, not on every page load)."""
+
+    _layout_json: str | None = None
+
+    def encode_layout(self) -> None:
+        """Encode the layout now (``create_app`` does: the first page load does not wait)."""
+        from plotly.io.json import to_json_plotly
+
+        self._layout_json = to_json_plotly(self.get_layout())
+
+    def serve_layout(self) -> Any:
+        """Return the layout as JSON (encoded once)."""
+        if self._layout_json is None:
+            self.encode_layout()
+        return self.backend.make_response(self._layout_json, mimetype="application/json")
+
+
 def create_app(run: Run, data: DashboardData | None = None) -> Dash:
     """Return the Dash app showing ``run`` (analyzed now unless ``data`` is given)."""
     if data is None:
         data = DashboardData.from_run(run)
-    app = Dash(
+    app = _PageDash(
         __name__,
         title=f"hvtrace · {html.escape(data.run_id)}",  # Dash puts the title in raw HTML
         update_title=None,
@@ -260,6 +471,8 @@ def create_app(run: Run, data: DashboardData | None = None) -> Dash:
     app.index_string = INDEX_STRING
     _serve_partial_plotly(app)
     built = {k: b() for k, b in data.figure_builders().items()}
+    for metric in data.heat:  # the other metrics too: a switch then costs no binning
+        data.heatmap(metric)
     initial = {
         "metric": next(iter(data.heat), ""),
         "heatmap": built["heatmap"],
@@ -273,6 +486,7 @@ def create_app(run: Run, data: DashboardData | None = None) -> Dash:
     }
     app.layout = build_layout(data, initial)
     callbacks.register(app, data)
+    app.encode_layout()
     app.hvtrace_data = data  # for tests and the benchmark
     return app
 
@@ -382,20 +596,38 @@ def serve(
     run_id: str | None = None,
     verbose: bool = False,
 ) -> int:
-    """Load and analyze the run (no ``run_dir``: the built-in sample), then serve it until
-    Ctrl-C. Errors in the input or the address raise :class:`TraceError` (one line)."""
+    """Open and analyze the run (no ``run_dir``: the built-in sample), then serve it until
+    Ctrl-C. The run is analyzed on the engine (its spans are never loaded as one table), so a run
+    of any size opens. Errors in the input or the address raise :class:`TraceError` (one line).
+    """
     run_dir = Path(run_dir) if run_dir else sample_run_dir()
     if not run_dir.exists():
         raise TraceError(f"{run_dir}: no such directory")
     if not 0 <= port <= 65535:
         raise TraceError(f"--port {port} is not a port number")
     _check_can_listen(host, port)
-    run = load_run(run_dir, run_id=run_id)
-    if run.spans.empty or not (run.spans["kind"] == "step").any():
+    t0 = time.perf_counter()
+    run = open_run(run_dir, run_id=run_id)
+    spans = sum(int(f.n_spans) for f in run.files.values())
+    print(
+        printable(
+            f"hvtrace dashboard: analyzing run {run.run_id} ({len(run.ranks)} rank(s), "
+            f"{spans:,} spans) ..."
+        ),
+        flush=True,
+    )
+    data = DashboardData.from_run(run)
+    if not any(np.isfinite(h.to_numpy()).any() for h in data.heat.values()):
         raise TraceError(f"{run_dir}: the run has no completed step to show")
-    app = create_app(run)
+    app = create_app(run, data=data)
+    log.info("analysis and first figures: %.2f s", time.perf_counter() - t0)
     url = f"http://{host}:{port}/"
-    print(printable(f"hvtrace dashboard: run {run.run_id} ({run_dir}) on {url}  (Ctrl-C to stop)"))
+    print(
+        printable(
+            f"hvtrace dashboard: run {run.run_id} ({run_dir}) ready in "
+            f"{time.perf_counter() - t0:.1f} s on {url}  (Ctrl-C to stop)"
+        )
+    )
     sys.stdout.flush()
     if not verbose:  # no per-request lines, no second "running on" line
         logging.getLogger("werkzeug").setLevel(logging.WARNING)

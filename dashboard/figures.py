@@ -1,11 +1,12 @@
 """Figures of the dashboard: pure functions from DataFrames to plotly Figures.
 
 No function here computes a metric: the numbers come from :mod:`hvtrace.analysis` (through
-:class:`hvtrace_dashboard.app.DashboardData`) or, for the timeline, straight from the span table.
-Every figure stays small enough for the browser on large runs: the heat map bins steps into at
-most ``max_cols`` columns, the timeline draws each span kind as one SVG line trace (gaps between
-bars) and merges or cuts spans beyond ``max_spans``, and per-tensor charts show at
-most ``max_tensors`` bars each.
+:class:`hvtrace_dashboard.app.DashboardData`) or, for the timeline, from the spans of its window.
+Every figure stays small enough for the browser on runs of any size: the heat map bins steps into
+at most ``max_cols`` columns (fewer with many ranks: ``max_cells``), the per-step lines bin steps
+beyond ``max_points``, the per-rank chart has one bar per rank, the timeline draws each span kind
+as one SVG line trace (gaps between bars) and merges or cuts spans beyond ``max_spans``, and
+per-tensor charts show at most ``max_tensors`` bars each. A binned figure says so in its title.
 """
 
 from __future__ import annotations
@@ -51,8 +52,14 @@ MAX_TIMELINE_SPANS = 10_000
 MIN_LANE_PX = 1.0
 #: Points per line at most in the per-step charts (above: steps are binned).
 MAX_LINE_POINTS = 4_000
+#: Ranks drawn as bars in the per-rank chart at most (above: one filled step line).
+MAX_RANK_BARS = 64
 #: Heat-map columns at most (above: steps are binned).
 MAX_HEATMAP_COLS = 500
+#: Heat-map cells at most: with many ranks, steps are binned into fewer columns (at least
+#: ``MIN_HEATMAP_COLS``), so that a 512-rank run sends and draws about as much as a 200-rank one.
+MAX_HEATMAP_CELLS = 100_000
+MIN_HEATMAP_COLS = 100
 
 
 def _template() -> go.layout.Template:
@@ -133,14 +140,18 @@ def heatmap_figure(
     highlight_ranks: Sequence[int] = (),
     max_cols: int = MAX_HEATMAP_COLS,
     colorscale: str = "YlOrRd",
+    max_cells: int = MAX_HEATMAP_CELLS,
 ) -> go.Figure:
     """Return a rank x step heat map of ``values`` (index: rank, columns: step, cells: a number).
 
-    More than ``max_cols`` steps are binned (mean per bin); each cell's ``customdata`` is the step
-    to open when it is clicked (the cell's own step, or the bin's worst step for that rank). The
-    colour range ignores the first step and the extreme cells (top 2 %, 0.5 % from 1,000 cells)
+    More than ``max_cols`` steps (or than ``max_cells`` cells over all ranks, keeping at least
+    ``MIN_HEATMAP_COLS`` columns) are binned (mean per bin; the title and x axis say so); each
+    cell's ``customdata`` is the step to open when it is clicked (the cell's own step, or the
+    bin's worst step for that rank). The
+    colour range ignores the first step and the extreme cells (top 2 %, 0.5 % from 1,000 cells,
+    at most half a row's worth with many ranks, so that one straggler of 512 still sets the top)
     so that one warm-up step or one hiccup does not wash out the rest; hover shows the true
-    value. ``highlight_ranks`` are marked on the y axis.
+    value. ``highlight_ranks`` are marked on the y axis (their label is always a tick).
     """
     if values is None or values.empty or values.shape[1] == 0:
         return empty_figure("no per-step data to show")
@@ -149,6 +160,7 @@ def heatmap_figure(
     steps = np.asarray(values.columns, dtype=np.int64)
     z = values.to_numpy(dtype=np.float64)
     ncol = z.shape[1]
+    max_cols = min(max_cols, max(MIN_HEATMAP_COLS, max_cells // max(1, len(ranks))))
     if ncol > max_cols:
         width = _bin_width(ncol, max_cols)
         zp = _bins(z, width, np.nan)
@@ -164,6 +176,7 @@ def heatmap_figure(
         z = zbin
         xtitle = f"step ({width} steps per column, mean)"
         where = f"{width} steps from step %{{x}} (worst: step %{{customdata}})"
+        title += f" · binned: mean of {width} steps per column"
     else:
         x = steps
         custom = np.broadcast_to(steps, z.shape)
@@ -173,7 +186,8 @@ def heatmap_figure(
     finite = scale[np.isfinite(scale)]
     zmin = zmax = None
     if finite.size:
-        q_hi = 0.98 if finite.size < 1000 else 0.995
+        # clip fewer extreme cells than half a row holds: one slow rank of many sets the top
+        q_hi = max(0.98 if finite.size < 1000 else 0.995, 1 - 0.5 / len(ranks))
         lo, hi = np.quantile(finite, [0.005, q_hi]) if finite.size >= 50 else (None, None)
         zmin = float(lo) if lo is not None else float(finite.min())
         zmax = float(hi) if hi is not None else float(finite.max())
@@ -202,10 +216,13 @@ def heatmap_figure(
     height = int(min(720, max(260, 110 + 16 * len(ranks))))
     fig.update_layout(**_base_layout(title, height))
     every = max(1, int(np.ceil(len(ranks) / 40)))
+    marked = {i for i, r in enumerate(ranks) if r in hl}
+    near = {j for i in marked for j in range(i - every // 2, i + every // 2 + 1)}  # no overlap
+    ticks = sorted({i for i in range(0, len(ranks), every) if i not in near} | marked)
     fig.update_yaxes(
         type="category",
-        tickvals=labels[::every],
-        ticktext=labels[::every],
+        tickvals=[labels[i] for i in ticks],
+        ticktext=[labels[i] for i in ticks],
         autorange="reversed",
         title=None,
     )
@@ -221,7 +238,8 @@ def _merge_allreduces(spans: pd.DataFrame) -> pd.DataFrame:
     ar = spans["kind"] == "allreduce"
     if not ar.any():
         return spans
-    g = spans[ar].groupby(["rank", "step", "micro"], observed=True, sort=False)
+    keys = ["rank", "step", "micro"] if "micro" in spans else ["rank", "step"]
+    g = spans[ar].groupby(keys, observed=True, sort=False)
     merged = g.agg(
         start_ns=("start_ns", "min"),
         end_ns=("end_ns", "max"),
@@ -232,7 +250,7 @@ def _merge_allreduces(spans: pd.DataFrame) -> pd.DataFrame:
     merged["name"] = merged["n"].map(lambda n: f"{n} tensors (merged)")
     merged["dtype"] = ""
     rest = spans[~ar]
-    cols = ["rank", "step", "micro", "kind", "name", "start_ns", "end_ns", "bytes", "dtype"]
+    cols = [*keys, "kind", "name", "start_ns", "end_ns", "bytes", "dtype"]
     out = pd.concat(
         [rest[cols].astype({"kind": str, "name": str, "dtype": str}), merged[cols]],
         ignore_index=True,
@@ -428,33 +446,87 @@ def timeline_figure(
 # -- comm/compute and tensors ---------------------------------------------------------------------
 
 
-def ratio_per_rank_figure(
+def per_rank_figure(
     per_rank: pd.DataFrame,
-    value: str = "comm_compute_ratio",
-    title: str = "Comm/compute ratio per rank (median over steps)",
+    rows: dict[str, tuple[str, str]] | None = None,
+    title: str = "Per rank (median over the analyzed steps)",
     highlight_ranks: Sequence[int] = (),
     hosts: dict[int, str] | None = None,
 ) -> go.Figure:
-    """Return a bar per rank of ``per_rank[value]`` (index or column ``rank``)."""
-    if per_rank is None or per_rank.empty or value not in per_rank:
-        return empty_figure("no per-rank comm/compute data")
+    """Return one bar row per entry of ``rows`` ({column: (label, unit)}) of ``per_rank`` (one
+    row per rank: a ``rank`` column or index), sharing the rank axis; ``highlight_ranks`` (the
+    stragglers) are red. Default row: ``comm_compute_ratio``. Columns missing or all NaN are
+    left out. With many ranks the bars touch (one bar per rank, however many: a per-rank
+    summary stays one value per rank), so a straggler is a red spike.
+    """
+    rows = rows or {"comm_compute_ratio": ("comm/compute", "ratio")}
+    if per_rank is None or per_rank.empty:
+        return empty_figure("no per-rank data")
     df = per_rank.reset_index() if "rank" not in per_rank.columns else per_rank
+    rows = {c: v for c, v in rows.items() if c in df and df[c].notna().any()}
+    if not rows:
+        return empty_figure("no per-rank data")
+    df = df.sort_values("rank")
     ranks = df["rank"].astype(int).to_numpy()
     hl = set(int(r) for r in highlight_ranks)
     colors = ["#d62728" if r in hl else "#1f77b4" for r in ranks]
     hosts = hosts or {}
-    fig = go.Figure(
-        go.Bar(
-            x=ranks,
-            y=df[value].to_numpy(dtype=np.float64),
-            marker_color=colors,
-            customdata=[esc(hosts.get(int(r), "")) for r in ranks],
-            hovertemplate="rank %{x} %{customdata}<br>%{y:.3f}<extra></extra>",
-        )
+    host_text = [esc(hosts.get(int(r), "")) for r in ranks]
+    many = len(ranks) > MAX_RANK_BARS
+    fig = make_subplots(
+        rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.12 if len(rows) > 1 else 0
     )
-    fig.update_layout(**_base_layout(title, 300), bargap=0.15)
-    fig.update_xaxes(title="rank", type="category" if len(ranks) <= 64 else "linear")
-    fig.update_yaxes(title="allreduce time / compute time")
+    for i, (col, (label, unit)) in enumerate(rows.items(), start=1):
+        y = df[col].to_numpy(dtype=np.float64)
+        hover = f"rank %{{x}} %{{customdata}}<br>%{{y:.3f}} {unit}<extra>{label}</extra>"
+        if many:  # one filled step line: a path, where hundreds of bars take the browser long
+            fig.add_trace(
+                go.Scatter(
+                    x=ranks,
+                    y=y,
+                    mode="lines",
+                    line={"shape": "hvh", "width": 1, "color": "#1f77b4"},
+                    fill="tozeroy",
+                    customdata=host_text,
+                    name=label,
+                    hovertemplate=hover,
+                ),
+                row=i,
+                col=1,
+            )
+            m = np.isin(ranks, list(hl))
+            if m.any():
+                fig.add_trace(
+                    go.Scatter(
+                        x=ranks[m],
+                        y=y[m],
+                        mode="markers",
+                        marker={"color": "#d62728", "size": 8},
+                        customdata=[t for t, k in zip(host_text, m) if k],
+                        name=f"{label}: straggler",
+                        hovertemplate=hover.replace("<extra>", "<extra>straggler · "),
+                    ),
+                    row=i,
+                    col=1,
+                )
+        else:
+            fig.add_trace(
+                go.Bar(
+                    x=ranks,
+                    y=y,
+                    marker={"color": colors, "line": {"width": 0}},
+                    customdata=host_text,
+                    name=label,
+                    hovertemplate=hover,
+                ),
+                row=i,
+                col=1,
+            )
+        y_title = f"{label} ({unit})" if unit not in ("", "ratio") else label
+        fig.update_yaxes(title=y_title, row=i, col=1)
+    fig.update_layout(**_base_layout(title, 200 + 130 * len(rows)), bargap=0.15, showlegend=False)
+    fig.update_xaxes(type="linear" if many else "category")
+    fig.update_xaxes(title="rank", row=len(rows), col=1)
     return fig
 
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from dash import dcc, html
 
+from hvtrace.selection import format_ranks
+
 if TYPE_CHECKING:
     from hvtrace_dashboard.app import DashboardData
 
@@ -47,6 +49,26 @@ table.hv-table th { color: #5b6473; font-weight: 600; }
 table.hv-table td.num { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
+#: Dash's scripts include core-js 2 (``polyfill@7``), which replaces the browser's
+#: ``String.prototype.trim``, ``parseFloat`` and ``parseInt`` with JavaScript ones (it counts U+180E
+#: as white space, as Unicode no longer does); plotly and d3 call them for every element they
+#: draw, about 0.1 s of a first render. The page keeps the native ones before those scripts and
+#: puts them back after (they differ only on U+180E).
+_NATIVE = (
+    ("String.prototype", "trim"),
+    ("window", "parseFloat"),
+    ("window", "parseInt"),
+    ("Number", "parseFloat"),
+    ("Number", "parseInt"),
+)
+_SAVE_NATIVE = "window.hvNative = [" + ", ".join(f"{o}.{k}" for o, k in _NATIVE) + "];"
+_RESTORE_NATIVE = (
+    "if (window.hvNative) {"
+    + " ".join(f"{o}.{k} = window.hvNative[{i}];" for i, (o, k) in enumerate(_NATIVE))
+    + "}"
+)
+
+#: The page.
 INDEX_STRING = (
     """<!DOCTYPE html>
 <html>
@@ -61,7 +83,12 @@ INDEX_STRING = (
   </head>
   <body>
     {%app_entry%}
-    <footer>{%config%}{%scripts%}{%renderer%}</footer>
+    <footer>{%config%}<script>"""
+    + _SAVE_NATIVE
+    + """</script>{%scripts%}<script>"""
+    + _RESTORE_NATIVE
+    + """</script>
+    {%renderer%}</footer>
   </body>
 </html>"""
 )
@@ -112,7 +139,20 @@ def header(data: DashboardData) -> html.Div:
         )
     if data.clock_note:
         children.append(html.Div(data.clock_note, className="hv-sub"))
+    if data.hosts:
+        children.append(html.Div(hosts_line(data.hosts), className="hv-sub", id="hosts"))
     return html.Div(children, id="header")
+
+
+def hosts_line(hosts: dict[int, str], limit: int = 8) -> str:
+    """``hosts: a (ranks 0-3), b (ranks 4-7)``: every host with its ranks, the first ``limit``
+    hosts by name when there are more."""
+    by_host: dict[str, list[int]] = {}
+    for r in sorted(hosts):
+        by_host.setdefault(str(hosts[r]), []).append(int(r))
+    parts = [f"{h} (ranks {format_ranks(rs)})" for h, rs in sorted(by_host.items())[:limit]]
+    more = f", … {len(by_host) - limit} more" if len(by_host) > limit else ""
+    return f"{len(by_host)} host(s): " + ", ".join(parts) + more
 
 
 def straggler_table(table: pd.DataFrame | None, hosts: dict[int, str]) -> html.Div:
@@ -202,7 +242,7 @@ def build_layout(data: DashboardData, initial: dict[str, Any]) -> html.Div:
                                 options=rank_opts,
                                 value=[],
                                 multi=True,
-                                placeholder="all ranks",
+                                placeholder=data.rank_filter_placeholder,
                                 style={"minWidth": "260px", "flex": "1"},
                             ),
                         ],

@@ -451,21 +451,26 @@ def kind_counts(sources: Sequence[RankSource]) -> pd.DataFrame:
             eng._unregister(registered)
 
 
-def window_spans(sources: Sequence[RankSource], steps: StepRange) -> pd.DataFrame:
+def window_spans(sources: Sequence[RankSource], steps: StepRange, con: Any = None) -> pd.DataFrame:
     """The spans of ``steps`` in ``sources`` (a window of a run, for a timeline), on rank 0's
     clock by the offsets the analysis uses: per (rank, step), from :func:`reduce_steps` of the
     same spans. Columns ``rank, step, kind, name, start_ns, end_ns, bytes, dtype``, sorted by
-    (rank, step, start_ns); a Parquet file's row groups outside ``steps`` are not read."""
-    with Engine(threads=1) as eng:
-        src, params, registered = span_relation(eng.con, sources, eng._names)
-        try:
-            table = eng.con.sql(
-                f"SELECT rank, step, {_KIND_CODE_SQL} AS k, kind, name, start_ns, end_ns, bytes, "
-                f"dtype FROM ({src}) WHERE {steps.sql('step')} ORDER BY rank, step, start_ns",
-                params=params,
-            ).to_arrow_table()
-        finally:
-            eng._unregister(registered)
+    (rank, step, start_ns); a Parquet file's row groups outside ``steps`` are not read.
+    ``con``: a DuckDB connection (or cursor) used by this call alone; default: a new
+    :class:`Engine`."""
+    if con is None:
+        with Engine(threads=1) as eng:
+            return window_spans(sources, steps, eng.con)
+    src, params, registered = span_relation(con, sources, _Names())
+    try:
+        table = con.sql(
+            f"SELECT rank, step, {_KIND_CODE_SQL} AS k, kind, name, start_ns, end_ns, bytes, "
+            f"dtype FROM ({src}) WHERE {steps.sql('step')} ORDER BY rank, step, start_ns",
+            params=params,
+        ).to_arrow_table()
+    finally:
+        for name in registered:
+            con.unregister(name)
     cols = {c: table.column(c).to_numpy() for c in ("rank", "step", "k", "start_ns", "end_ns")}
     cols["bytes"] = table.column("bytes").to_numpy()
     _, offsets, _ = reduce_steps(cols, sources)

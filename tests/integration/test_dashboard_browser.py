@@ -281,8 +281,9 @@ def test_dashboard_in_chromium(server, driver, run_dir):
     steps = driver.execute_script(
         f"const g={_graph('heatmap')}; const x=g._fullData[0].x; return [x[0], x[x.length-1]]"
     )
-    target = int(steps[1]) - 1  # far from the first window (around the slowest step)
-    if f"step {target}" in before[0] or f"–{target}" in before[0]:
+    shown = int(driver.find_element(By.ID, "win-start").get_attribute("value"))
+    target = int(steps[1]) - 1  # outside the first window (around the slowest step)
+    if shown - 3 <= target <= shown + 5:  # a window of 3 around it would overlap this one
         target = int(steps[0]) + 1
     heat = driver.find_element(By.CSS_SELECTOR, "#heatmap .js-plotly-plot .nsewdrag")
     px = driver.execute_script(
@@ -353,4 +354,107 @@ def test_dashboard_in_chromium(server, driver, run_dir):
         heat_title,
         what="the heat map to change metric",
     )
+    assert _severe(driver) == []
+
+
+@pytest.fixture(scope="module")
+def big_server(tmp_path_factory):
+    """``hvtrace dashboard`` on a synthetic 96-rank x 1,500-step run (1.3 M spans, Parquet)
+    whose rank 40 is slowed by 20 ms in its forward."""
+    spec = importlib.util.spec_from_file_location("synth_run_browser", REPO / "bench/synth_run.py")
+    synth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synth)
+    run = tmp_path_factory.mktemp("big")
+    synth.write_synth_run(run, ranks=96, steps=1500, tensors=2, slow_rank=40, slow_ms=20)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("big-log") / "server.log"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run), "--port", str(port)],
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"hvtrace dashboard exited {proc.returncode}:\n{log.read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"hvtrace dashboard did not serve {url} in 180 s:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_big_run_is_binned_and_the_timeline_is_a_window(big_server, driver):
+    """96 ranks x 1,500 steps: the heat map is binned and says so, the straggler stands out per
+    rank, the timeline shows a window of 16 ranks, and a click on a binned cell opens the worst
+    step of that bin, queried from the files."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver.set_window_size(1400, 1000)
+    t0 = time.monotonic()
+    driver.get(big_server)
+    _wait(driver, ALL_DRAWN, list(GRAPHS), what="every graph to be drawn")
+    print(f"[dashboard browser test] 96 x 1,500 run drawn {time.monotonic() - t0:.2f} s after nav")
+    hm = _graph("heatmap")
+    info = driver.execute_script(
+        f"const g={hm}, t=g._fullData[0]; "
+        "return [g.layout.title.text, t.z.length, t.z[0].length, g.layout.xaxis.title.text]"
+    )
+    assert "binned: mean of" in info[0] and info[1] == 96 and info[2] <= 500, info
+    assert "steps per column" in info[3]
+    per_rank = driver.execute_script(
+        f"const t={_graph('ratio-rank')}._fullData[0]; return [t.name, Array.from(t.y)]"
+    )
+    assert per_rank[0] == "arrival lateness"
+    late = per_rank[1]
+    assert max(range(96), key=lambda r: late[r]) == 40
+    tl = _graph("timeline")
+    title = driver.execute_script(f"return {tl}.layout.title.text")
+    assert "16 of 96 ranks (rank 0 and the latest to arrive" in title, title
+    rows = driver.execute_script(f"return {tl}.layout.yaxis.ticktext")
+    assert len(rows) == 16 and any(r.startswith("40 ") for r in rows), rows
+
+    # a click on the straggler's row in a binned column opens that bin's worst step
+    heat = driver.find_element(By.CSS_SELECTOR, "#heatmap .js-plotly-plot .nsewdrag")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", heat)
+    col = 200
+    px = driver.execute_script(
+        f"""const g={hm}, xa=g._fullLayout.xaxis, ya=g._fullLayout.yaxis, t=g._fullData[0];
+        const r=arguments[1].getBoundingClientRect(), gr=g.getBoundingClientRect();
+        return [xa.l2p(t.x[arguments[0]]) + xa._offset - (r.left - gr.left),
+                ya.l2p(40) + ya._offset - (r.top - gr.top), r.width, r.height,
+                t.customdata[40][arguments[0]]];""",
+        col,
+        heat,
+    )
+    worst = int(px[4])
+    ActionChains(driver).move_to_element_with_offset(
+        heat, int(px[0] - px[2] / 2), int(px[1] - px[3] / 2)
+    ).click().perform()
+    title = _wait(
+        driver,
+        f"const t={tl}.layout.title.text; return t.includes('step {worst} highlighted') && t",
+        what=f"the timeline to open step {worst}",
+    )
+    steps = driver.execute_script(f"return [...new Set({_BARS}({tl}).map(b=>b.step))]")
+    assert worst in steps and all(abs(s - worst) <= 1 for s in steps), (title, steps)
     assert _severe(driver) == []

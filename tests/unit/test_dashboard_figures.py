@@ -122,6 +122,18 @@ def test_heatmap_colour_range_ignores_the_warmup_step():
     assert fig.data[0].zmax < 100
 
 
+def test_heatmap_of_many_ranks_one_straggler_sets_the_colour_top_and_is_labelled():
+    rng = np.random.default_rng(2)
+    v = rng.uniform(1.4, 1.9, (512, 400))
+    v[170] = 21.0
+    fig = figures.heatmap_figure(rank_step(v), "lateness", highlight_ranks=[170])
+    assert fig.data[0].zmax > 15  # one row of 512 is not clipped away as noise
+    ticks = list(fig.layout.yaxis.tickvals)
+    assert "rank 170 ◀" in ticks and len(ticks) <= 41
+    i = ticks.index("rank 170 ◀")
+    assert ticks[i - 1] == "rank 156" and ticks[i + 1] == "rank 182"  # neighbours kept apart
+
+
 def test_heatmap_empty_says_so():
     fig = figures.heatmap_figure(pd.DataFrame(), "x")
     assert not fig.data and "no per-step data" in fig.layout.annotations[0].text
@@ -228,12 +240,22 @@ def test_timeline_focus_step_is_shaded_and_empty_window_says_so():
 # -- comm/compute, tensors ------------------------------------------------------------------------
 
 
-def test_ratio_per_rank_highlights_stragglers():
-    per_rank = pd.DataFrame({"rank": [0, 1, 2], "comm_compute_ratio": [0.5, 0.1, 0.5]})
-    fig = figures.ratio_per_rank_figure(per_rank, highlight_ranks=[1])
-    bar = fig.data[0]
-    assert list(bar.y) == [0.5, 0.1, 0.5]
-    assert bar.marker.color[1] != bar.marker.color[0]
+def test_per_rank_figure_one_row_per_metric_highlights_stragglers():
+    per_rank = pd.DataFrame(
+        {"rank": [2, 0, 1], "late_ms": [0.1, 0.0, 30.0], "comm_compute_ratio": [0.5, 0.5, 0.1]}
+    )
+    rows = {"late_ms": ("arrival lateness", "ms"), "comm_compute_ratio": ("comm/compute", "")}
+    fig = figures.per_rank_figure(per_rank, rows, highlight_ranks=[1])
+    late, ratio = fig.data
+    assert list(late.x) == [0, 1, 2] and list(late.y) == [0.0, 30.0, 0.1]
+    assert list(ratio.y) == [0.5, 0.1, 0.5]
+    assert late.marker.color[1] != late.marker.color[0] == late.marker.color[2]
+    assert fig.layout.xaxis.matches == ratio.xaxis  # the rows share the rank axis
+    assert fig.layout.yaxis2.title.text == "comm/compute"
+    # a column that is missing or all NaN is left out; nothing at all says so
+    only = figures.per_rank_figure(per_rank.assign(late_ms=np.nan), rows)
+    assert [t.name for t in only.data] == ["comm/compute"]
+    assert "no per-rank" in figures.per_rank_figure(per_rank.iloc[0:0]).layout.annotations[0].text
 
 
 def test_ratio_over_steps_one_line_per_column():
@@ -301,7 +323,7 @@ def test_window_for_click_centres_the_step(step, size, last, start):
 
 def hand_made_data(spans: pd.DataFrame):
     """A DashboardData filled by hand (as the analysis would), to test the app without it."""
-    from hvtrace_dashboard.app import DashboardData
+    from hvtrace_dashboard.app import DashboardData, frame_window
 
     ranks = sorted(spans["rank"].unique().tolist())
     steps = sorted(spans["step"].unique().tolist())
@@ -310,7 +332,7 @@ def hand_made_data(spans: pd.DataFrame):
     return DashboardData(
         run_id="test-run",
         run_dir="/nowhere",
-        spans=spans,
+        window=frame_window(spans),
         hosts={r: f"h{r // 2}" for r in ranks},
         ranks=ranks,
         last_step=max(steps),
@@ -319,7 +341,7 @@ def hand_made_data(spans: pd.DataFrame):
         heat={"lateness": rank_step(v), "step": rank_step(v * 0 + 72)},
         heat_labels={"lateness": "arrival lateness", "step": "step time"},
         heat_units={"lateness": "ms", "step": "ms"},
-        per_rank=pd.DataFrame({"rank": ranks, "comm_compute_ratio": 0.5}),
+        per_rank=pd.DataFrame({"rank": ranks, "late_ms": 1.0, "comm_compute_ratio": 0.5}),
         per_step=pd.DataFrame({"step": steps, "median": 0.5}),
         per_step_columns={"median": "median over ranks"},
         per_tensor=pd.DataFrame({"name": ["a", "b"], "time_ms": [1.0, 2.0], "busbw_gbps": [3, 4]}),
@@ -514,3 +536,155 @@ def test_cli_busy_port_is_one_line_exit_2_before_loading(tmp_path, capsys):
         assert main(["dashboard", str(tmp_path), "--port", str(port)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"cannot listen on 127.0.0.1:{port}" in err[0]
+
+
+# -- a run of any size: engine analysis, per-window span queries --------------------------------
+
+
+def _synth_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "synth_run.py"
+    spec = importlib.util.spec_from_file_location("synth_run_dash", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["parquet", "arrows"])
+def test_window_query_returns_exactly_the_windows_spans_on_rank0s_clock(tmp_path, compact):
+    from hvtrace_dashboard.app import run_window
+
+    from hvtrace.load import load_run, open_run
+    from hvtrace.selection import StepRange
+
+    _synth_module().write_synth_run(
+        tmp_path, ranks=4, steps=40, tensors=3, compact_files=compact, row_group_rows=60
+    )
+    run = open_run(tmp_path)
+    got = run_window(run)(StepRange(10, 13), [3, 1])
+    assert "spans" not in run.__dict__  # the run's span table was never built
+    full = load_run(tmp_path).spans  # every span, each moved by its own clock estimate
+    want = full[full["step"].between(10, 12) & full["rank"].isin([1, 3])]
+
+    def ordered(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.astype({"kind": str, "name": str, "dtype": str})
+        keys = ["rank", "step", "start_ns", "end_ns", "kind", "name"]
+        return df.sort_values(keys).reset_index(drop=True)
+
+    got, want = ordered(got), ordered(want)
+    assert len(got) == len(want) > 0
+    assert sorted(set(got["rank"])) == [1, 3] and sorted(set(got["step"])) == [10, 11, 12]
+    for col in ("rank", "step", "start_ns", "end_ns", "bytes"):
+        assert got[col].to_numpy().tolist() == want[col].to_numpy().tolist(), col
+    for col in ("kind", "name", "dtype"):
+        assert got[col].tolist() == want[col].tolist(), col
+    # the files' own times are not rank 0's: the offsets were applied
+    raw = run.files[1].read_table(StepRange(10, 13), ["start_ns"]).column("start_ns").to_numpy()
+    off = run.files[1].clock[0].offset_ns
+    assert off != 0 and sorted(raw - off) == sorted(got.loc[got["rank"] == 1, "start_ns"])
+
+
+def test_window_query_uses_the_analysis_offsets_when_the_clock_drifts(tmp_path):
+    """With drift, a window's spans are moved by the analysis' per-(rank, step) offset, so the
+    timeline's step spans start exactly where the analysis' step table says."""
+    from hvtrace_dashboard.app import run_window
+
+    from hvtrace.analysis import analyze
+    from hvtrace.clock import ClockEstimate, offset_at
+    from hvtrace.load import open_run
+    from hvtrace.selection import StepRange
+
+    _synth_module().write_synth_run(tmp_path, ranks=3, steps=30, tensors=2)
+    run = open_run(tmp_path)
+    rf = run.files[2]
+    e = rf.clock[0]  # 2 ms of drift over the run's first second
+    rf.clock = [e, ClockEstimate(e.at_ns + 1_000_000_000, e.offset_ns + 2_000_000, 1000, 5)]
+    a = analyze(run)
+    got = run_window(run)(StepRange(20, 23), [2])
+    steps = got[got["kind"] == "step"].set_index("step")["start_ns"]
+    ref = a.steps[a.steps["rank"] == 2].set_index("step")["start_ns"]
+    assert steps.tolist() == ref.loc[[20, 21, 22]].tolist()
+    raw = rf.read_table(StepRange(20, 23)).to_pandas()
+    raw = raw[raw["kind"] == "step"].set_index("step")["start_ns"]
+    moved = (raw - steps).to_numpy()  # the offset applied: at the step's start, with the drift
+    assert moved.tolist() == offset_at(rf.clock, raw.to_numpy()).tolist()
+    assert (moved > e.offset_ns + 1_000_000).all()
+
+
+def test_a_big_run_is_binned_and_its_straggler_stands_out(tmp_path):
+    """80 ranks x 1,200 steps (864,000 spans): the figures are built from the analysis' tables,
+    binned for the browser, and the injected straggler (rank 37) stands out per rank."""
+    from hvtrace_dashboard.app import TIMELINE_SUBSET, DashboardData, create_app
+
+    from hvtrace.load import open_run
+
+    _synth_module().write_synth_run(
+        tmp_path, ranks=80, steps=1200, tensors=2, slow_rank=37, slow_ms=20
+    )
+    run = open_run(tmp_path)
+    data = DashboardData.from_run(run)
+    assert "spans" not in run.__dict__
+    assert data.straggler_ranks == [37] and data.last_step == 1199
+    heat = data.heatmap("lateness")
+    z = np.asarray(heat.data[0].z)
+    assert z.shape[0] == 80 and z.shape[1] <= figures.MAX_HEATMAP_COLS < 1200
+    assert "binned: mean of 3 steps per column" in heat.layout.title.text
+    assert int(np.nanargmax(np.nanmedian(z, axis=1))) == 37  # the straggler's row
+    assert "37 · node004 ◀" in heat.layout.yaxis.ticktext  # always labelled
+    builders = data.figure_builders()
+    per_rank = builders["ratio_rank"]()
+    late = next(t for t in per_rank.data if t.name == "arrival lateness")
+    y = np.asarray(late.y, dtype=float)
+    assert len(y) == 80 and int(np.nanargmax(y)) == 37 and y[37] > 15 > np.nanmax(np.delete(y, 37))
+    assert late.type == "scatter" and late.line.shape == "hvh"  # 80 ranks: one path, no bars
+    marked = next(t for t in per_rank.data if t.name == "arrival lateness: straggler")
+    assert list(marked.x) == [37] and list(marked.y) == [y[37]]
+    lines = builders["ratio_steps"]()
+    assert all(len(t.x) <= figures.MAX_LINE_POINTS for t in lines.data)
+    # the timeline: a window of rank 0, the straggler and the latest ranks, queried for it alone
+    assert len(data.timeline_ranks) == TIMELINE_SUBSET and {0, 37} <= set(data.timeline_ranks)
+    tl = builders["timeline"]()
+    assert f"{TIMELINE_SUBSET} of 80 ranks (rank 0 and the latest" in tl.layout.title.text
+    assert len(tl.layout.yaxis.ticktext) == TIMELINE_SUBSET
+    drawn = {int(r) for t in tl.data for r in np.asarray(t.customdata, dtype=float)[0::4, 0]}
+    assert drawn == set(data.timeline_ranks)
+    # rank filter: picked ranks only; junk in the request is ignored, not an error
+    fig = data.timeline(500, 2, [79, "x", 10_000, None, 5])
+    assert list(fig.layout.yaxis.ticktext) == ["5 · node000", "79 · node009"]
+    assert "steps 500–501 · 2 of 80 ranks" in fig.layout.title.text
+    client = create_app(run, data=data).server.test_client()
+    assert len(client.get("/_dash-layout").data) < 3_000_000
+    assert "spans" not in run.__dict__
+
+
+def test_a_window_that_cannot_be_read_is_a_message_not_an_error(tmp_path):
+    """A rank file removed after the start: the timeline says so in one line; the app stays up."""
+    from hvtrace_dashboard.app import DashboardData
+
+    from hvtrace.load import open_run
+
+    _synth_module().write_synth_run(tmp_path, ranks=3, steps=20, tensors=2)
+    run = open_run(tmp_path)
+    data = DashboardData.from_run(run)
+    assert data.timeline(5, 2).data
+    run.files[1].path.unlink()
+    assert data.timeline(5, 2).data  # a window seen before is kept
+    fig = data.timeline(8, 2)
+    (note,) = fig.layout.annotations
+    assert not fig.data and "cannot read steps 8..9" in note.text and "\n" not in note.text
+    assert data.timeline(8, 2, [0, 2]).data  # the other ranks' windows still open
+
+
+def test_header_lists_hosts_with_their_ranks() -> None:
+    from hvtrace_dashboard.layout import hosts_line
+
+    hosts = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b", 4: "<b>x</b>"}
+    assert (
+        hosts_line(hosts) == "3 host(s): <b>x</b> (ranks 4), node-a (ranks 0-1), node-b (ranks 2-3)"
+    )
+    many = {r: f"h{r // 2:02d}" for r in range(40)}
+    line = hosts_line(many, limit=3)
+    assert line.startswith("20 host(s): h00 (ranks 0-1), h01 (ranks 2-3), h02 (ranks 4-5)")
+    assert line.endswith("… 17 more")
