@@ -36,7 +36,11 @@ log = logging.getLogger(__name__)
 
 _TIME = struct.Struct("<q")
 #: Seconds a rank waits to connect to (or hear from) rank 0 before keeping the barrier estimate.
-TIMEOUT_S = 2.0
+TIMEOUT_S = 1.0
+
+#: Set when this rank could not reach rank 0: later estimates keep the barrier rounds at once
+#: instead of waiting for the timeout again (a firewall does not open mid-run).
+_unreachable = False
 
 
 def _iface_ipv4(name: str) -> str | None:
@@ -147,6 +151,7 @@ def ping_rank0(hvd: Any, rounds: int, tag: str) -> ClockEstimate | None:
 
     Returns None on rank 0 (its offset is zero by definition) and on a rank that could not
     reach rank 0; the estimate's ``method`` is ``"round-trip"``."""
+    global _unreachable
     server = None
     info = None
     if hvd.rank() == 0:
@@ -158,8 +163,9 @@ def ping_rank0(hvd: Any, rounds: int, tag: str) -> ClockEstimate | None:
     try:
         info = hvd.broadcast_object(info, root_rank=0, name=f"{tag}.addr")
         times = None
-        if hvd.rank() != 0 and info is not None:
+        if hvd.rank() != 0 and info is not None and not _unreachable:
             times = _ping(list(info[0]), int(info[1]), rounds)
+            _unreachable = times is None
         hvd.allgather_object(times is not None, name=f"{tag}.done")  # rank 0 served everyone
     finally:
         if server is not None:

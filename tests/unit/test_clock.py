@@ -343,3 +343,35 @@ def test_round_trips_over_loopback_find_offset_zero() -> None:
     e = estimate_from_round_trips(times[:, 0], times[:, 1], times[:, 2])
     assert e.bounded and abs(e.offset_ns) <= e.uncertainty_ns < 1_000_000
     assert _ping(["127.0.0.1"], server.port, 4) is None  # stopped: nothing answers
+
+
+def test_a_rank_that_cannot_reach_rank0_stops_trying(monkeypatch) -> None:
+    """Round trips that fail once (a firewall) are not tried again at later estimates, so a
+    resync never waits for the connect timeout twice; the collectives still run."""
+    import socket
+
+    from hvtrace.record import clocksync
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    calls = []
+
+    class Rank1:  # the two collectives ping_rank0 runs, as seen from rank 1
+        def rank(self) -> int:
+            return 1
+
+        def broadcast_object(self, obj, root_rank, name):
+            calls.append(name)
+            return (["127.0.0.1"], port)
+
+        def allgather_object(self, obj, name):
+            calls.append(name)
+            return [True, obj]
+
+    monkeypatch.setattr(clocksync, "_unreachable", False)
+    assert clocksync.ping_rank0(Rank1(), 4, "t1") is None
+    assert clocksync._unreachable
+    monkeypatch.setattr(clocksync, "_ping", lambda *a: pytest.fail("tried again"))
+    assert clocksync.ping_rank0(Rank1(), 4, "t2") is None
+    assert calls == ["t1.addr", "t1.done", "t2.addr", "t2.done"]
