@@ -624,7 +624,11 @@ def plausible_batches(path: str | os.PathLike) -> tuple[int | None, str]:
     format can plausibly hold (:data:`MAX_EXPANSION`). Reads message metadata only (memory
     mapped); a stream that ends early is left to the reader."""
     batches = 0
-    with pa.memory_map(str(path)) as src:
+    try:
+        mapped = pa.memory_map(str(path))
+    except OSError:  # the reader reports what it cannot read
+        return None, ""
+    with mapped as src:
         try:
             reader = pa.ipc.MessageReader.open_stream(src)
         except (pa.ArrowException, OSError, ValueError):
@@ -673,7 +677,6 @@ class StreamScan:
         self.final = False
         self.refused = ""
         try:
-            self._limit, self._why = plausible_batches(self.path)
             self._src = pa.memory_map(str(self.path))
         except OSError as exc:
             raise TraceError(
@@ -704,10 +707,12 @@ class StreamScan:
     def __iter__(self) -> Iterator[tuple[pa.RecordBatch, dict[str, Any] | None]]:
         reader = self._reader
         messages = reader.stats.num_messages
+        # checked here, not when opening: reading the header alone needs no pass over the batches
+        limit, why = plausible_batches(self.path)
         n = 0
         while True:
-            if self._limit is not None and n >= self._limit:
-                self.truncated, self.refused = True, self._why
+            if limit is not None and n >= limit:
+                self.truncated, self.refused = True, why
                 return
             try:
                 batch, meta = reader.read_next_batch_with_custom_metadata()

@@ -10,6 +10,7 @@ writer (:class:`hvtrace.record.writer.TraceFile`), for loader and analysis tests
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -18,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +307,42 @@ def damage_row_group(path: str | os.PathLike, index: int) -> None:
     for i in range(start + 8, end, 7):
         raw[i] ^= 0x5A
     Path(path).write_bytes(bytes(raw))
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+@contextlib.contextmanager
+def headless_chromium(profile: Path, window_size: str = "1400,1000") -> Iterator[Any]:
+    """A selenium driver of Debian's headless Chromium, offline (no background networking, no
+    selenium-manager download), with a fresh profile in ``profile`` (removed after) and the
+    browser's console log kept. Skips the test when selenium is not installed."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never download anything
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-unsafe-swiftshader",  # WebGL through SwiftShader, without warnings
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--window-size={window_size}",
+        f"--user-data-dir={profile}",
+    ):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+    drv.set_page_load_timeout(120)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)

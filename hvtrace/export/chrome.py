@@ -76,7 +76,7 @@ _KIND_GROUP: dict[str, str] = {
 }
 _G_STEP = LANE_GROUPS.index("step")
 _G_ALLREDUCE = LANE_GROUPS.index("allreduce")
-_GROUP_OF_KIND = np.array(
+GROUP_OF_KIND = np.array(
     [LANE_GROUPS.index(_KIND_GROUP[k]) if k in _KIND_GROUP else -1 for k in KINDS], np.int64
 )
 _K = {k: i for i, k in enumerate(KINDS)}
@@ -371,7 +371,7 @@ def _build(
     names = _json_strings(spans["name"].cat.categories)
 
     # ---- slices and lanes
-    group = _GROUP_OF_KIND[kind]
+    group = GROUP_OF_KIND[kind]
     xs = group >= 0
     x_rank, x_group = rank[xs], group[xs]
     x_start, x_end = start[xs], end[xs]
@@ -426,7 +426,7 @@ def _build(
         from hvtrace.analysis.steps import step_table
 
         steps_df = step_table(spans.iloc[sel])
-    ratio = _steps_table(steps_df)
+    ratio = steps_table(steps_df)
     ratio = ratio[np.isfinite(ratio["comm_compute_ratio"].to_numpy(np.float64))]
     if steps is not None:
         ratio = ratio[steps.mask(ratio["step"].to_numpy(np.int64))]
@@ -507,7 +507,7 @@ def _build(
     )
 
 
-def _check_steps(steps: StepRange | tuple[int, int | None] | None) -> StepRange | None:
+def check_steps(steps: StepRange | tuple[int, int | None] | None) -> StepRange | None:
     """Return ``steps`` as a StepRange (None: every step); raise ValueError when malformed."""
     try:
         return StepRange.of(steps)
@@ -517,7 +517,10 @@ def _check_steps(steps: StepRange | tuple[int, int | None] | None) -> StepRange 
         raise ValueError(f"steps must be a StepRange or (first, stop), not {steps!r}") from None
 
 
-def _steps_table(steps_df: pd.DataFrame) -> pd.DataFrame:
+def steps_table(steps_df: pd.DataFrame) -> pd.DataFrame:
+    """The analysis's per-step columns the timelines draw (``rank``, ``step``, ``start_ns``,
+    ``comm_compute_ratio``), typed, rows without a rank, step or start dropped; raise
+    ValueError when a column is missing."""
     need = {"rank", "step", "start_ns", "comm_compute_ratio"}
     missing = need - set(steps_df.columns)
     if missing:
@@ -533,7 +536,8 @@ def _steps_table(steps_df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _lane_name(g: int, lane: int) -> str:
+def lane_name(g: int, lane: int) -> str:
+    """The name of lane ``lane`` of lane group ``g`` (``compute``, ``allreduce 0``, ``user 1``)."""
     name = LANE_GROUPS[g]
     if g == _G_ALLREDUCE:
         return f"{name} {lane}"
@@ -548,7 +552,7 @@ def _metadata(
     x_rank: np.ndarray,
     x_slot: np.ndarray,
 ) -> list[dict[str, Any]]:
-    slot_names = [_lane_name(g, k) for g in range(len(LANE_GROUPS)) for k in range(nsub[g])]
+    slot_names = [lane_name(g, k) for g in range(len(LANE_GROUPS)) for k in range(nsub[g])]
     used = np.unique(x_rank * stride + x_slot)
     slots: dict[int, set[int]] = {r: {int(slot_base[_G_STEP])} for r in src.ranks}
     for r, slot in zip((used // stride).tolist(), (used % stride).tolist()):
@@ -793,7 +797,7 @@ def chrome_events(
     ``steps_df`` (columns ``rank``, ``step``, ``start_ns``, ``comm_compute_ratio``) replaces the
     built-in :func:`comm_compute_ratio`.
     """
-    t = _build(_source(run_or_spans, hosts), _check_steps(steps), steps_df)
+    t = _build(_source(run_or_spans, hosts), check_steps(steps), steps_df)
     yield from (dict(m) for m in t.meta)
     for lo, hi in _batches(t):
         arr = _batch_strings(t, lo, hi)
@@ -829,7 +833,7 @@ def write_chrome_trace(
     kind = check_output(out, inputs)
     if kind != "stream":
         make_output_dir(out.parent)
-    t = _build(_source(run, hosts), _check_steps(steps), steps_df)
+    t = _build(_source(run, hosts), check_steps(steps), steps_df)
     writer = _PartWriter(out, t, max_events, max_bytes, stream=kind == "stream", inputs=inputs)
     try:
         for (lo, hi), arr in _strings_in_order(t):

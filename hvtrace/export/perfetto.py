@@ -73,12 +73,13 @@ import pyarrow.compute as pc
 
 from hvtrace.errors import TraceError
 from hvtrace.export.chrome import (
+    GROUP_OF_KIND,
     LANE_GROUPS,
     RATIO_COUNTER,
-    _check_steps,
-    _lane_name,
-    _steps_table,
     assign_lanes,
+    check_steps,
+    lane_name,
+    steps_table,
 )
 from hvtrace.export.output import open_output
 from hvtrace.load import RankSource, Run, align_times, span_sources
@@ -116,26 +117,6 @@ _TAG_FLOW = (0xF9, 0x02)  # TrackEvent.flow_ids = 47, fixed64
 _TAG_DOUBLE = (0xE1, 0x02)  # TrackEvent.double_counter_value = 44, fixed64 (double)
 
 _K = {k: i for i, k in enumerate(KINDS)}
-_GROUP_OF_KIND = np.array(
-    [
-        LANE_GROUPS.index(g) if g is not None else -1
-        for g in (
-            {
-                "step": "step",
-                "input": "compute",
-                "forward": "compute",
-                "backward": "compute",
-                "compute": "compute",
-                "wait": "wait",
-                "update": "update",
-                "user": "user",
-                "allreduce": "allreduce",
-            }.get(k)
-            for k in KINDS
-        )
-    ],
-    np.int64,
-)
 _G_ALLREDUCE = LANE_GROUPS.index("allreduce")
 
 
@@ -591,7 +572,7 @@ def write_perfetto_trace(
     """
     import duckdb
 
-    sel = _check_steps(steps)
+    sel = check_steps(steps)
     sources = span_sources(run, sel)
     ratio = _ratio_rows(steps_df, sel, run.ranks)
     out = Path(out_path)
@@ -636,7 +617,7 @@ def _ratio_rows(
     """Per rank, the comm/compute counter points ``(start_ns, ratio)`` of the analysis."""
     if steps_df is None or steps_df.empty:
         return {}
-    t = _steps_table(steps_df)
+    t = steps_table(steps_df)
     t = t[np.isfinite(t["comm_compute_ratio"].to_numpy(np.float64))]
     if steps is not None:
         t = t[steps.mask(t["step"].to_numpy(np.int64))]
@@ -706,7 +687,7 @@ def _write_rank(
         start, end = np.maximum(start, 0), np.maximum(end, 0)
 
     # ---- slices: lanes as the Chrome export assigns them, each lane sorted by time
-    group = np.where(kind >= 0, _GROUP_OF_KIND[np.maximum(kind, 0)], -1)
+    group = np.where(kind >= 0, GROUP_OF_KIND[np.maximum(kind, 0)], -1)
     xs = np.flatnonzero(group >= 0)
     lanes = assign_lanes(group[xs], start[xs], end[xs])
     key = group[xs] * (1 << 32) + lanes
@@ -747,7 +728,7 @@ def _write_rank(
     for i, k in enumerate(lane_key.tolist()):
         g, lane = divmod(k, 1 << 32)
         lane_uuid.append(w.uuid())
-        w.write(track_descriptor(lane_uuid[-1], _lane_name(g, lane), rank_uuid, order=i))
+        w.write(track_descriptor(lane_uuid[-1], lane_name(g, lane), rank_uuid, order=i))
     counter_uuid = []
     for i, (name, _, _) in enumerate(counters):
         counter_uuid.append(w.uuid())

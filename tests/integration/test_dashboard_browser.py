@@ -10,23 +10,23 @@ Skipped only when ``/usr/bin/chromium`` (or its driver, or selenium) is missing.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import CHROMEDRIVER, CHROMIUM, headless_chromium, synth_module
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SAMPLE = REPO / "sample_traces" / "slow_rank1_forward_2rank"
 GRAPHS = ("heatmap", "timeline", "ratio-rank", "ratio-steps", "tensors")
 
@@ -108,16 +108,15 @@ def run_dir(tmp_path_factory) -> Path:
     return synth
 
 
-@pytest.fixture(scope="module")
-def server(run_dir):
+@contextlib.contextmanager
+def _dashboard(run_dir: Path, log: Path, poll_s: float = 0.5) -> Iterator[str]:
+    """Serve ``hvtrace dashboard RUN_DIR`` in a subprocess (output to ``log``); yield its URL once
+    it answers, fail the test if it exits or does not answer in 180 s; stop it on exit."""
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    log = ARTIFACTS / "dashboard_server.log"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as logf:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run_dir), "--port", str(port)],
-            env=env,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
             stdout=logf,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -136,7 +135,7 @@ def server(run_dir):
                 pass
             if time.monotonic() > deadline:
                 pytest.fail(f"hvtrace dashboard did not serve {url} in 180 s:\n{log.read_text()}")
-            time.sleep(0.5)
+            time.sleep(poll_s)
         yield url
     finally:
         if proc.poll() is None:
@@ -149,36 +148,16 @@ def server(run_dir):
 
 
 @pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    from selenium.webdriver.chrome.service import Service
+def server(run_dir):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with _dashboard(run_dir, ARTIFACTS / "dashboard_server.log") as url:
+        yield url
 
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never download anything
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--enable-unsafe-swiftshader",  # WebGL (timeline) through SwiftShader, without warnings
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-        f"--user-data-dir={profile}",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    drv = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
-    drv.set_page_load_timeout(120)
-    try:
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile"), "1400,1000") as drv:
         yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _wait(driver, js: str, *args, timeout: float = 90, what: str = "condition"):
@@ -361,45 +340,11 @@ def test_dashboard_in_chromium(server, driver, run_dir):
 def big_server(tmp_path_factory):
     """``hvtrace dashboard`` on a synthetic 96-rank x 1,500-step run (1.3 M spans, Parquet)
     whose rank 40 is slowed by 20 ms in its forward."""
-    spec = importlib.util.spec_from_file_location("synth_run_browser", REPO / "bench/synth_run.py")
-    synth = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(synth)
     run = tmp_path_factory.mktemp("big")
-    synth.write_synth_run(run, ranks=96, steps=1500, tensors=2, slow_rank=40, slow_ms=20)
-    port = _free_port()
+    synth_module().write_synth_run(run, ranks=96, steps=1500, tensors=2, slow_rank=40, slow_ms=20)
     log = tmp_path_factory.mktemp("big-log") / "server.log"
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run), "--port", str(port)],
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"hvtrace dashboard exited {proc.returncode}:\n{log.read_text()}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"hvtrace dashboard did not serve {url} in 180 s:\n{log.read_text()}")
-            time.sleep(0.3)
+    with _dashboard(run, log, poll_s=0.3) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def test_big_run_is_binned_and_the_timeline_is_a_window(big_server, driver):

@@ -15,20 +15,17 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
-import shutil
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import CHROMEDRIVER, CHROMIUM, headless_chromium
 
 from hvtrace.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
 pytestmark = [
     pytest.mark.browser,
@@ -110,35 +107,8 @@ def server(trace):
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never download anything
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--enable-unsafe-swiftshader",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        "--window-size=1600,1200",
-        f"--user-data-dir={profile}",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    drv = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
-    drv.set_page_load_timeout(120)
-    try:
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile"), "1600,1200") as drv:
         yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _wait(driver, js: str, timeout: float = 120, what: str = "condition"):
