@@ -27,14 +27,26 @@ what recording adds (hot-path work, the writer thread) in the same processes; th
 merely having the wrappers installed (one attribute test per call while switched off) stays on
 both sides. hvtrace's writer thread also reports its own CPU time.
 
-Usage: ``python bench/overhead.py [--model small|large|both] [--rounds 5] [--steps 200]``.
+Because the in-run A/B cannot see what having hvtrace installed costs (its imports, the clock
+round trips at start, the writer thread, the compaction at the end, the wrappers), the rounds
+also give **whole-process** figures per rank, untraced vs hvtrace: process CPU time per step over
+the loop, CPU time of the whole job, and peak RSS (``ru_maxrss``), each as per-round paired
+differences (median over rounds, with a distribution-free 95% interval of that median). Every
+rank runs under a small launcher (:data:`RANK_CHILD`) that measures it from the inside; in the
+untraced modes it replaces ``hvtrace`` by a stub, so the baseline is a rank without hvtrace at
+all (mode ``imported``: hvtrace imported, Horovod's optimizer, to separate the import's share).
+
+Usage: ``python bench/overhead.py [--model small,large,deep|both|all] [--rounds 10]
+[--steps 200]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -51,18 +63,251 @@ import numpy as np
 log = logging.getLogger("overhead")
 
 REPO = Path(__file__).resolve().parent.parent
-MODES: tuple[str, ...] = ("untraced", "hvtrace", "timeline", "torch_profiler")
+TRAIN = REPO / "hvtrace" / "examples" / "train.py"
+#: Every mode; ``imported`` (hvtrace imported, Horovod's optimizer) only when asked for.
+MODES: tuple[str, ...] = ("untraced", "hvtrace", "timeline", "torch_profiler", "imported")
+DEFAULT_MODES: tuple[str, ...] = ("untraced", "hvtrace", "timeline", "torch_profiler")
+#: Modes whose ranks see a stub instead of hvtrace: the demo runs as if it were not installed.
+STUBBED = ("untraced", "timeline", "torch_profiler")
 
-#: Demo-model sizes (14 gradient tensors each). On the 2-core development machine with 2 ranks
-#: (one torch thread each), quiet, "small" measured 14-20 ms per step and "large" about 100 ms;
-#: the measured step time is always reported next to the figures.
-MODELS: dict[str, dict[str, int]] = {
-    "small": {"width": 384, "layers": 6, "batch_size": 64},
-    "large": {"width": 1024, "layers": 6, "batch_size": 96},
+#: Model sizes. ``small`` and ``large``: the demo's MLP (``layers`` hidden layers, 2 * layers + 2
+#: gradient tensors). ``deep``: a residual stack of small blocks (LayerNorm + Linear, built by
+#: the rank launcher in place of the demo's MLP; 4 * layers + 4 gradient tensors), for the
+#: per-tensor costs. On the 2-core development machine with 2 ranks (one torch thread each),
+#: quiet, "small" measured 14-20 ms per step, "large" about 100 ms and "deep" 30-35 ms (Horovod's
+#: per-tensor work dominates: its forward and backward alone take 8-9 ms); the measured step
+#: time is always reported next to the figures.
+MODELS: dict[str, dict[str, Any]] = {
+    "small": {"width": 384, "layers": 6, "batch_size": 64, "net": "mlp"},
+    "large": {"width": 1024, "layers": 6, "batch_size": 96, "net": "mlp"},
+    "deep": {"width": 32, "layers": 37, "batch_size": 16, "net": "deep"},
 }
 
 #: hvtrace's overhead goals per model (percent of the untraced step time).
-GOAL_OVERHEAD_PCT = {"small": 3.0, "large": 1.0}
+GOAL_OVERHEAD_PCT = {"small": 3.0, "large": 1.0, "deep": 3.0}
+#: Whole-process goals, untraced vs hvtrace (issue 20): added process CPU time per step over the
+#: loop (percent, at ~15 ms steps), and added peak RSS per rank (MB).
+GOAL_CPU_PCT = 1.5
+GOAL_RSS_MB = 35.0
+#: Modes compared with ``untraced`` in the whole-process table.
+WHOLE_MODES = ("hvtrace", "imported")
+
+
+def grad_tensors(model: str) -> int:
+    """Return the number of gradient tensors of ``model`` (what Horovod allreduces per step)."""
+    size = MODELS[model]
+    if size["net"] == "deep":
+        return 4 * size["layers"] + 4
+    return 2 * size["layers"] + 2
+
+
+#: The rank launcher: horovodrun runs ``python rank_child.py SPEC`` (written into the work
+#: directory) on every rank; it runs the demo's ``main`` and writes what it measured.
+RANK_CHILD = r'''"""hvtrace overhead benchmark: one rank of the demo training, measured inside.
+
+Written by bench/overhead.py into its work directory and run by horovodrun on every rank as
+``python rank_child.py SPEC_JSON`` (SPEC: train.py's path, its argv, where to write, whether to
+replace hvtrace by a stub, which network). It imports nothing heavy of its own (no numpy): what
+it measures is torch, Horovod, the demo and, in the traced modes, hvtrace.
+"""
+
+import json
+import os
+import resource
+import sys
+import threading
+import time
+import types
+
+T0 = time.perf_counter()
+SPEC = json.loads(sys.argv[1])
+MARKS = []
+
+
+def _status_mb(key):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return -1.0
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu():
+    """CPU time (s) per kind of thread: the main thread, hvtrace's writer, all others."""
+    writers = {t.native_id for t in threading.enumerate() if t.name.startswith("hvtrace-")}
+    out = {"main": 0.0, "writer": 0.0, "other": 0.0}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = "main" if int(tid) == os.getpid() else "writer" if int(tid) in writers else "other"
+        out[kind] += (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def mark(tag):
+    """Record peak RSS, current RSS, process CPU and threads at this point of the rank's life."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    MARKS.append(
+        {
+            "at": tag,
+            "maxrss_mb": ru.ru_maxrss / 1024.0,
+            "rss_mb": _status_mb("VmRSS"),
+            "cpu_s": ru.ru_utime + ru.ru_stime,
+            "wall_s": time.perf_counter() - T0,
+            "threads": threading.active_count(),
+            "thread_cpu_s": thread_cpu(),
+        }
+    )
+
+
+mark("start")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+mark("import torch")
+import horovod.torch as hvd  # noqa: E402
+
+mark("import horovod")
+
+
+class _NoSpan:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _stub():
+    """A stand-in ``hvtrace`` module: the demo runs as if hvtrace were not installed."""
+    m = types.ModuleType("hvtrace")
+    m.span = _NoSpan
+    m.scalar = lambda *a, **k: None
+    m.finish = lambda *a, **k: None
+
+    def no_optimizer(*a, **k):
+        raise RuntimeError("hvtrace is stubbed out in this run (untraced mode)")
+
+    m.DistributedOptimizer = no_optimizer
+    return m
+
+
+if SPEC["stub"]:
+    hvt = sys.modules["hvtrace"] = _stub()
+else:
+    if SPEC["repo"] not in sys.path:
+        sys.path.insert(0, SPEC["repo"])
+    import hvtrace as hvt
+
+    mark("import hvtrace")
+
+
+def _around(owner, name, before, after):
+    inner = getattr(owner, name)
+
+    def wrapped(*a, **k):
+        mark(before)
+        try:
+            return inner(*a, **k)
+        finally:
+            mark(after)
+
+    setattr(owner, name, wrapped)
+
+
+# the optimizer the demo builds: hvtrace's (which calls Horovod's inside), else Horovod's
+traced = "--no-trace" not in SPEC["argv"]
+_around(hvt if traced else hvd, "DistributedOptimizer", "optimizer", "optimizer built")
+_around(hvt, "finish", "loop end", "finish")
+STEP_CPU = []  # the main thread's CPU time at each step's end: the demo's one scalar per step
+_scalar = hvt.scalar
+
+
+def _timed_scalar(*a, **k):
+    out = _scalar(*a, **k)
+    STEP_CPU.append(time.thread_time())
+    return out
+
+
+hvt.scalar = _timed_scalar
+# the demo's last call before its loop
+_around(hvd, "broadcast_optimizer_state", "parameters broadcast", "loop start")
+
+
+class DeepNet(nn.Module):
+    """A residual stack of small blocks (LayerNorm + Linear): 4 + 4 * layers gradient tensors."""
+
+    def __init__(self, width=64, layers=37, in_dim=256):
+        super().__init__()
+        self.inp = nn.Linear(in_dim, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width)) for _ in range(layers)
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x + torch.relu(b(x))
+        return self.head(x)
+
+
+import importlib.util  # noqa: E402
+
+spec = importlib.util.spec_from_file_location("hvtrace_demo_train", SPEC["train"])
+train = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = train
+spec.loader.exec_module(train)
+if SPEC["net"] == "deep":
+    train.MLP = DeepNet
+mark("ready")
+code = train.main(SPEC["argv"])
+mark("end")
+ru = resource.getrusage(resource.RUSAGE_SELF)
+rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+pool = None
+if "pyarrow" in sys.modules:
+    pa = sys.modules["pyarrow"]
+    pool = {
+        "backend": pa.default_memory_pool().backend_name,
+        "allocated_mb": pa.total_allocated_bytes() / 2**20,
+        "max_mb": pa.default_memory_pool().max_memory() / 2**20,
+    }
+heavy = ("numpy", "pyarrow", "pyarrow.parquet", "pyarrow.compute", "pandas", "hvtrace.load")
+record = {
+    "rank": rank,
+    "maxrss_mb": ru.ru_maxrss / 1024.0,
+    "hwm_mb": _status_mb("VmHWM"),
+    "cpu_s": ru.ru_utime + ru.ru_stime,
+    "user_s": ru.ru_utime,
+    "sys_s": ru.ru_stime,
+    "wall_s": time.perf_counter() - T0,
+    "marks": MARKS,
+    "modules": [m for m in heavy if m in sys.modules],
+    "n_modules": len(sys.modules),
+    "arrow_pool": pool,
+    "step_cpu_s": [b - a for a, b in zip(STEP_CPU, STEP_CPU[1:])],
+}
+with open(SPEC["out"].replace("{rank}", str(rank)), "w") as f:
+    json.dump(record, f)
+sys.exit(code)
+'''
 
 
 @dataclass
@@ -83,10 +328,39 @@ class RunResult:
     traced: list[bool] = field(default_factory=list)
     #: CPU time of hvtrace's writer threads over the loop, all ranks, per step (s); None: none.
     writer_cpu_s_per_step: float | None = None
+    #: Whole process, per rank (from the rank launcher): CPU time (s) from start to exit...
+    job_cpu_s: list[float] = field(default_factory=list)
+    #: ...peak RSS (MB, ``ru_maxrss``)...
+    maxrss_mb: list[float] = field(default_factory=list)
+    #: ...and rank 0's marks (peak RSS, RSS, CPU, threads at each stage of its life)
+    marks: list[dict[str, Any]] = field(default_factory=list)
+    #: rank 0: heavy modules loaded at exit, and pyarrow's memory pool (None: not imported)
+    modules: list[str] = field(default_factory=list)
+    arrow_pool: dict[str, Any] | None = None
+    #: Per rank, the loop (loop start to loop end): CPU time (s) of the main thread, of
+    #: hvtrace's writer thread and of all other threads (Horovod's, Gloo's, torch's)
+    loop_thread_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+    #: Per step: the main thread's CPU time (s), mean over ranks (the first step has none: the
+    #: second's is repeated); empty when not measured
+    step_cpu_s: list[float] = field(default_factory=list)
 
     def median_ms(self, warmup: int) -> float:
         """Median step time (ms) after skipping ``warmup`` steps."""
         return 1e3 * statistics.median(self.step_s[warmup:])
+
+
+def describe(model: str) -> str:
+    """One line saying what ``model`` is."""
+    size = MODELS[model]
+    net = (
+        "residual LayerNorm+Linear blocks"
+        if size["net"] == "deep"
+        else "MLP (the demo's), hidden layers"
+    )
+    return (
+        f"{net} x {size['layers']}, width {size['width']}, batch {size['batch_size']} per rank, "
+        f"{grad_tensors(model)} gradient tensors"
+    )
 
 
 def horovodrun() -> str:
@@ -125,16 +399,7 @@ def run_once(
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     size = MODELS[model]
-    cmd = [
-        horovodrun(),
-        "-np",
-        str(args.np),
-        "-H",
-        f"localhost:{args.np}",
-        "--gloo",
-        sys.executable,
-        "-m",
-        "hvtrace.examples.train",
+    argv = [
         "--steps",
         str(args.steps),
         "--width",
@@ -149,23 +414,45 @@ def run_once(
     env = {k: v for k, v in os.environ.items() if k not in ("HOROVOD_TIMELINE", "HVTRACE")}
     env["PYTHONWARNINGS"] = "ignore"
     out: Path
-    if mode == "untraced":
-        cmd.append("--no-trace")
+    if mode in ("untraced", "imported"):
+        argv.append("--no-trace")
         out = d / "none"
     elif mode == "hvtrace":
         out = d / "trace"
-        cmd += ["--trace-dir", str(out)]
+        argv += ["--trace-dir", str(out)]
         if ab_every:
-            cmd += ["--ab-every", str(ab_every)]
+            argv += ["--ab-every", str(ab_every)]
     elif mode == "timeline":
         out = d / "timeline.json"
-        cmd.append("--no-trace")
+        argv.append("--no-trace")
         env["HOROVOD_TIMELINE"] = str(out)
     elif mode == "torch_profiler":
         out = d / "profiler"
-        cmd += ["--no-trace", "--torch-profiler", str(out)]
+        argv += ["--no-trace", "--torch-profiler", str(out)]
     else:
         raise ValueError(f"unknown mode {mode!r}")
+    spec = {
+        "repo": str(REPO),
+        "train": str(TRAIN),
+        "argv": argv,
+        "stub": mode in STUBBED,
+        "net": size["net"],
+        "out": str(d / "rank-{rank}.json"),
+    }
+    child = work / "rank_child.py"
+    if not child.exists():
+        child.write_text(RANK_CHILD)
+    cmd = [
+        horovodrun(),
+        "-np",
+        str(args.np),
+        "-H",
+        f"localhost:{args.np}",
+        "--gloo",
+        sys.executable,
+        str(child),
+        json.dumps(spec),
+    ]
     t0 = time.perf_counter()
     with open(d / "output.log", "w") as logf:
         proc = subprocess.run(
@@ -197,6 +484,21 @@ def run_once(
         sum(pr.get("loop_cpu_s", 0.0) for pr in per_rank) / args.steps,
     )
     res.traced = [bool(x) for x in per_rank[0].get("traced", [])]
+    procs = []
+    for r in range(args.np):
+        f = d / f"rank-{r}.json"
+        if not f.exists():
+            raise RuntimeError(f"{model}/{mode} round {rnd}: rank {r} wrote no {f.name}")
+        procs.append(json.loads(f.read_text()))
+    res.job_cpu_s = [p["cpu_s"] for p in procs]
+    res.maxrss_mb = [p["maxrss_mb"] for p in procs]
+    res.marks, res.modules = procs[0]["marks"], procs[0]["modules"]
+    res.arrow_pool = procs[0]["arrow_pool"]
+    res.loop_thread_cpu_s = loop_thread_cpu([p["marks"] for p in procs])
+    per_step = [p.get("step_cpu_s", []) for p in procs]
+    if all(len(c) == len(steps) - 1 > 0 for c in per_step):
+        cpu = [statistics.fmean(x) for x in zip(*per_step)]
+        res.step_cpu_s = [cpu[0], *cpu]
     wcpu = [pr.get("writer_cpu_s") for pr in per_rank]
     if all(w is not None for w in wcpu):
         res.writer_cpu_s_per_step = sum(wcpu) / args.steps
@@ -206,6 +508,19 @@ def run_once(
     if not args.keep:
         shutil.rmtree(d, ignore_errors=True)
     return res
+
+
+def loop_thread_cpu(marks_per_rank: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """Per kind of thread, each rank's CPU time (s) from "loop start" to "loop end"."""
+    out: dict[str, list[float]] = {}
+    for marks in marks_per_rank:
+        at = {m["at"]: m for m in marks}
+        if "loop start" not in at or "loop end" not in at:
+            return {}
+        a, b = at["loop start"]["thread_cpu_s"], at["loop end"]["thread_cpu_s"]
+        for kind in b:
+            out.setdefault(kind, []).append(b[kind] - a[kind])
+    return out
 
 
 def _check_mode(
@@ -276,17 +591,142 @@ def summarize(runs: list[RunResult], args: argparse.Namespace) -> dict[str, Any]
     return out
 
 
-def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[str, Any]:
-    """Summarize an in-run A/B run: traced vs untraced steps of the same processes.
+def median_ci(values: list[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """Return (lo, hi, coverage): a distribution-free interval for the median of ``values``.
+
+    The order statistics x(k) <= x(n+1-k) with the largest k whose two-sided binomial tail
+    (Binomial(n, 1/2) below k, times 2) is at most ``1 - conf``: no assumption on the
+    distribution (rounds on a noisy machine are skewed). ``coverage`` is the interval's exact
+    confidence; with too few values for ``conf`` (n < 6 at 95%) the range (min, max) is
+    returned with its own, lower, coverage (1 - 2 / 2**n).
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_ci of no values")
+    cdf, k = 0.0, 0  # cdf = P(B <= k - 1), B ~ Binomial(n, 1/2)
+    while True:
+        nxt = cdf + math.comb(n, k) / 2**n
+        if 2 * nxt > 1.0 - conf or k + 1 > n - k:
+            break
+        cdf, k = nxt, k + 1
+    k = max(k, 1)
+    cover = 1.0 - 2.0 * sum(math.comb(n, j) for j in range(k)) / 2**n
+    return xs[k - 1], xs[n - k], cover
+
+
+def paired(
+    runs: list[RunResult], model: str, mode: str, value: Any, relative: bool
+) -> dict[str, Any] | None:
+    """Per-round paired differences of ``value(run)`` between ``mode`` and ``untraced``.
+
+    ``relative``: percent of the untraced value, else absolute. Returns the medians of both
+    modes over rounds, the differences per round, their median and its 95% interval
+    (:func:`median_ci`); None when no round has both runs.
+    """
+    base = {r.round: value(r) for r in runs if r.model == model and r.mode == "untraced"}
+    other = {r.round: value(r) for r in runs if r.model == model and r.mode == mode}
+    rounds = sorted(set(base) & set(other))
+    if not rounds:
+        return None
+    diffs = [100.0 * (other[k] / base[k] - 1.0) if relative else other[k] - base[k] for k in rounds]
+    lo, hi, cover = median_ci(diffs)
+    return {
+        "untraced": statistics.median(base[k] for k in rounds),
+        mode: statistics.median(other[k] for k in rounds),
+        "diff": statistics.median(diffs),
+        "ci": (lo, hi),
+        "coverage": cover,
+        "rounds": len(rounds),
+        "diffs": diffs,
+    }
+
+
+def _main_ms(r: RunResult) -> float:
+    """Main-thread CPU (ms) per step over the loop, all ranks (hvtrace's writer thread added)."""
+    t = r.loop_thread_cpu_s
+    if not t:
+        return float("nan")
+    return 1e3 * (sum(t["main"]) + sum(t.get("writer", []))) / len(r.step_s)
+
+
+def whole_summary(runs: list[RunResult], args: argparse.Namespace) -> dict[str, Any]:
+    """Whole-process figures per model and traced mode, paired with the same round's untraced.
+
+    ``cpu``: all ranks' process CPU time over the loop per step (ms; difference in %);
+    ``job_cpu``: CPU time of a whole rank, start to exit, mean over ranks (s; difference in s);
+    ``main_cpu``: like ``cpu``, the main thread and hvtrace's writer only; ``rss``: peak RSS of a
+    rank, mean over ranks (MB; difference in MB); ``rss_max``: the same for the larger rank.
+    ``stages``: median over rounds of rank 0's increments at each mark; ``threads``: loop CPU
+    (ms) per step, all ranks, by kind of thread, median over rounds.
+    """
+    out: dict[str, Any] = {}
+    for model in dict.fromkeys(r.model for r in runs):
+        per: dict[str, Any] = {}
+        for mode in WHOLE_MODES:
+            if not any(r.model == model and r.mode == mode and r.maxrss_mb for r in runs):
+                continue
+            per[mode] = {
+                "cpu": paired(runs, model, mode, lambda r: 1e3 * r.cpu_s_per_step, True),
+                "job_cpu": paired(
+                    runs, model, mode, lambda r: statistics.fmean(r.job_cpu_s), False
+                ),
+                "main_cpu": paired(runs, model, mode, _main_ms, True),
+                "rss": paired(runs, model, mode, lambda r: statistics.fmean(r.maxrss_mb), False),
+                "rss_max": paired(runs, model, mode, lambda r: max(r.maxrss_mb), False),
+            }
+        stages: dict[str, Any] = {}
+        for mode in ("untraced", *WHOLE_MODES):
+            rs = [r for r in runs if r.model == model and r.mode == mode and r.marks]
+            if rs:
+                stages[mode] = stage_increments([r.marks for r in rs])
+        threads: dict[str, Any] = {}
+        for mode in ("untraced", *WHOLE_MODES):
+            rs = [r for r in runs if r.model == model and r.mode == mode and r.loop_thread_cpu_s]
+            if rs:  # all ranks, per step, median over rounds
+                threads[mode] = {
+                    k: statistics.median(
+                        1e3 * sum(r.loop_thread_cpu_s.get(k, [0.0])) / len(r.step_s) for r in rs
+                    )
+                    for k in ("main", "writer", "other")
+                }
+        out[model] = {"modes": per, "stages": stages, "threads": threads}
+    return out
+
+
+def stage_increments(marks_per_run: list[list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Median over runs of each stage's increments of peak RSS, RSS (MB) and CPU time (s).
+
+    A stage runs from the previous mark to the one that names it ("import torch": from the
+    launcher's start to torch imported; "loop end": the training loop, from the demo's last
+    broadcast to ``finish`` called; "finish": ``hvtrace.finish()``, compaction included).
+    """
+    incs: dict[str, dict[str, list[float]]] = {}
+    for marks in marks_per_run:
+        for prev, cur in itertools.pairwise(marks):
+            d = incs.setdefault(cur["at"], {k: [] for k in (*_INCREMENTS, "threads")})
+            for key in _INCREMENTS:
+                d[key].append(cur[key] - prev[key])
+            d["threads"].append(cur["threads"])
+    return {at: {key: statistics.median(v) for key, v in d.items()} for at, d in incs.items()}
+
+
+_INCREMENTS = ("maxrss_mb", "rss_mb", "cpu_s", "wall_s")
+
+
+def ab_blocks(
+    values: Any, traced: Any, every: int, warmup: int, seed: int = 0
+) -> tuple[float, float, float, tuple[float, float], int]:
+    """Return (traced median, untraced median, overhead %, its 95% CI, pairs) of an A/B run.
 
     Steps are cut into blocks of ``every`` (recording switched at each block's end); each
     untraced block and the traced block after it form a pair. The overhead is the ratio of the
-    median traced step to the median untraced step (medians: one slow hiccup does not move
+    median traced value to the median untraced value (medians: one slow hiccup does not move
     them); its 95% interval comes from 2,000 bootstrap resamples of the pairs, so slow drifts of
     the machine, which hit both blocks of a pair alike, are resampled together.
     """
-    t = np.asarray(res.step_s, dtype=np.float64) * 1e3
-    on = np.asarray(res.traced, dtype=bool)
+    t = np.asarray(values, dtype=np.float64)
+    on = np.asarray(traced, dtype=bool)
     keep = np.arange(len(t)) >= warmup
     blocks = np.arange(len(t)) // every
     pairs = []
@@ -299,25 +739,46 @@ def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[s
         raise RuntimeError(f"in-run A/B: only {len(pairs)} block pair(s); run more steps")
     off = np.stack([p[0] for p in pairs])  # pairs x steps per block
     on_ = np.stack([p[1] for p in pairs])
-    on_ms, off_ms = float(np.median(on_)), float(np.median(off))
+    on_v, off_v = float(np.median(on_)), float(np.median(off))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(pairs), (2000, len(pairs)))
     boot = np.array([np.median(on_[i]) / np.median(off[i]) for i in idx])
     lo, hi = np.quantile(100.0 * (boot - 1.0), [0.025, 0.975])
-    return {
+    return on_v, off_v, 100.0 * (on_v / off_v - 1.0), (float(lo), float(hi)), len(pairs)
+
+
+def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[str, Any]:
+    """Summarize an in-run A/B run: traced vs untraced steps of the same processes.
+
+    Wall time per step (:func:`ab_blocks`), and the same for the main thread's CPU time per
+    step when the run measured it (``cpu_*``, else None).
+    """
+    on = np.asarray(res.traced, dtype=bool)
+    on_ms, off_ms, pct, ci, pairs = ab_blocks(np.asarray(res.step_s) * 1e3, on, every, warmup, seed)
+    out = {
         "model": res.model,
-        "steps": len(t),
+        "steps": len(res.step_s),
         "every": every,
-        "pairs": len(pairs),
+        "pairs": pairs,
         "on_ms": on_ms,
         "off_ms": off_ms,
-        "overhead_pct": 100.0 * (on_ms / off_ms - 1.0),
-        "ci95_pct": (float(lo), float(hi)),
+        "overhead_pct": pct,
+        "ci95_pct": ci,
         "writer_cpu_ms_per_step": None
         if res.writer_cpu_s_per_step is None
         # the writer only works while recording: per traced step
-        else 1e3 * res.writer_cpu_s_per_step * len(t) / max(int(on.sum()), 1),
+        else 1e3 * res.writer_cpu_s_per_step * len(res.step_s) / max(int(on.sum()), 1),
+        "cpu_on_ms": None,
+        "cpu_off_ms": None,
+        "cpu_overhead_pct": None,
+        "cpu_ci95_pct": None,
     }
+    if len(res.step_cpu_s) == len(res.step_s):
+        c_on, c_off, c_pct, c_ci, _ = ab_blocks(
+            np.asarray(res.step_cpu_s) * 1e3, on, every, warmup, seed
+        )
+        out.update(cpu_on_ms=c_on, cpu_off_ms=c_off, cpu_overhead_pct=c_pct, cpu_ci95_pct=c_ci)
+    return out
 
 
 def ab_goal(ab: dict[str, Any]) -> tuple[str, bool, str]:
@@ -339,7 +800,8 @@ def print_ab(abs_: list[dict[str, Any]]) -> None:
         "(all ranks at the same step);\nsame processes, so run-to-run noise cancels. overhead = "
         "median traced step / median untraced step, with a 95% interval from bootstrapping "
         "the\n(untraced block, next traced block) pairs. writer CPU = hvtrace's background "
-        "writer, all ranks, per traced step."
+        "writer, all ranks, per traced step.\nmain-thread CPU = the training thread's CPU time "
+        "per step (mean over ranks; thread_time at each step's end), compared the same way."
     )
     rows = []
     for ab in abs_:
@@ -354,6 +816,11 @@ def print_ab(abs_: list[dict[str, Any]]) -> None:
                 f"{ab['overhead_pct']:+.2f}% [{ci[0]:+.2f}..{ci[1]:+.2f}]",
                 str(ab["pairs"]),
                 "-" if w is None else f"{w:.3f}",
+                "-"
+                if ab["cpu_overhead_pct"] is None
+                else f"{ab['cpu_on_ms']:.2f} / {ab['cpu_off_ms']:.2f}  "
+                f"{ab['cpu_overhead_pct']:+.2f}% [{ab['cpu_ci95_pct'][0]:+.2f}.."
+                f"{ab['cpu_ci95_pct'][1]:+.2f}]",
             ]
         )
     print(
@@ -366,6 +833,7 @@ def print_ab(abs_: list[dict[str, Any]]) -> None:
                 "overhead [95% CI]",
                 "pairs",
                 "writer CPU ms/step",
+                "main-thread CPU ms/step traced / untraced  overhead [95% CI]",
             ],
             rows,
         )
@@ -444,11 +912,7 @@ def print_tables(summary: dict[str, Any], args: argparse.Namespace) -> None:
         "(vs untraced, per-round ratio): less disturbed by other load than wall time"
     )
     for model, per_mode in summary.items():
-        size = MODELS[model]
-        print(
-            f"\nmodel {model}: MLP width {size['width']}, {size['layers']} layers, batch "
-            f"{size['batch_size']} per rank"
-        )
+        print(f"\nmodel {model}: {describe(model)}")
         rows = []
         for mode, m in per_mode.items():
             if m["overhead_pct"] is None:
@@ -494,6 +958,131 @@ def print_tables(summary: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"  goal: {text:<36} {'ok' if met else 'MISSED':<6}  {why}".rstrip())
 
 
+def whole_goals(per_mode: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """Return (goal, met?, note) for hvtrace's whole-process cost; met is judged on the medians.
+
+    The note gives the 95% interval of the median paired difference when it straddles the limit.
+    """
+    hv = per_mode.get("hvtrace")
+    if hv is None:
+        return []
+    res = []
+    for key, limit, text, unit in (
+        ("cpu", GOAL_CPU_PCT, f"CPU/step added <= {GOAL_CPU_PCT:g}%", "%"),
+        ("rss", GOAL_RSS_MB, f"peak RSS added <= {GOAL_RSS_MB:g} MB/rank", " MB"),
+    ):
+        p = hv[key]
+        if p is None:
+            continue
+        lo, hi = p["ci"]
+        note = ""
+        if lo <= limit < hi:
+            note = f"within noise: {100 * p['coverage']:.0f}% CI {lo:+.1f}..{hi:+.1f}{unit}"
+        res.append((text, p["diff"] <= limit, note))
+    return res
+
+
+def _diff(p: dict[str, Any] | None, fmt: str, unit: str) -> str:
+    if p is None:
+        return "-"
+    lo, hi = p["ci"]
+    return f"{p['diff']:{fmt}}{unit} [{lo:{fmt}}..{hi:{fmt}}]"
+
+
+def print_whole(whole: dict[str, Any], summary: dict[str, Any]) -> None:
+    """Print the whole-process table (paired with untraced), its goals and the stage breakdown."""
+    if not any(w["modes"] for w in whole.values()):
+        return
+    print(
+        "\nWhole process, per rank, vs the same round's untraced run (hvtrace stubbed out: no "
+        "import, no wrappers): per-round paired\ndifferences, median over rounds [distribution-"
+        "free 95% interval of that median; with < 6 rounds: min..max].\nCPU/step = all ranks' "
+        "process CPU time over the loop / steps; job CPU = one rank's CPU time from start to "
+        "exit\n(imports, init, clock round trips, loop, finish/compaction); main+writer = the "
+        "CPU/step of the main thread and hvtrace's writer only\n(Horovod's and Gloo's threads, "
+        "whose waits partly spin and so grow with other load, left out); peak RSS = ru_maxrss "
+        "of a rank, mean over ranks\n(max rank in the JSON)."
+    )
+    rows = []
+    for model, w in whole.items():
+        for mode, m in w["modes"].items():
+            step = summary.get(model, {}).get(mode, {}).get("step_ms")
+            cpu, job, rss, main = m["cpu"], m["job_cpu"], m["rss"], m["main_cpu"]
+            rows.append(
+                [
+                    model,
+                    mode,
+                    "-" if step is None else f"{step:.1f}",
+                    "-" if cpu is None else str(cpu["rounds"]),
+                    "-" if cpu is None else f"{cpu['untraced']:.2f} / {cpu[mode]:.2f}",
+                    _diff(cpu, "+.1f", "%"),
+                    _diff(main, "+.1f", "%"),
+                    "-" if job is None else f"{job['untraced']:.2f} / {job[mode]:.2f}",
+                    _diff(job, "+.2f", " s"),
+                    "-" if rss is None else f"{rss['untraced']:.0f} / {rss[mode]:.0f}",
+                    _diff(rss, "+.1f", " MB"),
+                ]
+            )
+    print(
+        _table(
+            [
+                "model",
+                "mode",
+                "step ms",
+                "rounds",
+                "CPU ms/step",
+                "CPU/step added",
+                "main+writer added",
+                "job CPU s",
+                "job CPU added",
+                "peak RSS MB",
+                "peak RSS added",
+            ],
+            rows,
+        )
+    )
+    for model, w in whole.items():
+        for text, met, why in whole_goals(w["modes"]):
+            print(f"  {model}: goal: {text:<30} {'ok' if met else 'MISSED':<6}  {why}".rstrip())
+    print(
+        "\nWhere it goes: rank 0's increments per stage, median over rounds: peak RSS MB / RSS MB "
+        "/ CPU s (threads after)"
+    )
+    for model, w in whole.items():
+        modes = list(w["stages"])
+        # in the order of the mode with the most stages (each run's marks are in time order)
+        longest = max(modes, key=lambda m: len(w["stages"][m]))
+        stages = list(
+            dict.fromkeys([*w["stages"][longest], *(a for m in modes for a in w["stages"][m])])
+        )
+        rows = []
+        for at in stages:
+            row = [at]
+            for m in modes:
+                st = w["stages"][m].get(at)
+                row.append(
+                    "-"
+                    if st is None
+                    else f"{st['maxrss_mb']:+.1f} / {st['rss_mb']:+.1f} / {st['cpu_s']:.3f} "
+                    f"({st['threads']:.0f})"
+                )
+            rows.append(row)
+        th = w.get("threads", {})
+        rows.append(
+            [
+                "loop: main/writer/other CPU ms/step",
+                *(
+                    " / ".join(f"{th[m][k]:.2f}" for k in ("main", "writer", "other"))
+                    if m in th
+                    else "-"
+                    for m in modes
+                ),
+            ]
+        )
+        print(f"model {model}:")
+        print(_table(["stage", *modes], rows))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     p = argparse.ArgumentParser(
@@ -502,14 +1091,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--modes",
-        default=",".join(MODES),
+        default=",".join(DEFAULT_MODES),
         type=lambda s: [m.strip() for m in s.split(",") if m.strip()],
-        help="comma-separated modes",
+        help=f"comma-separated modes, of {', '.join(MODES)}",
     )
-    p.add_argument("--rounds", type=int, default=5, help="rounds (each runs every mode once)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds (each runs every mode once)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=10, help="first steps of a run not counted")
-    p.add_argument("--model", choices=["small", "large", "both"], default="both")
+    p.add_argument(
+        "--model",
+        default="both",
+        help=f"comma-separated models, of {', '.join(MODELS)}; 'both': small,large; 'all': every "
+        "model",
+    )
     p.add_argument("--np", type=int, default=2, help="ranks (all on localhost)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     p.add_argument(
@@ -530,6 +1124,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep every run's files and logs")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
+    named = {"both": "small,large", "all": ",".join(MODELS)}.get(args.model, args.model)
+    args.models = [m.strip() for m in named.split(",") if m.strip()]
+    bad_models = [m for m in args.models if m not in MODELS]
+    if bad_models or not args.models:
+        p.error(f"unknown model(s) {args.model!r}; choose from {', '.join(MODELS)}, both, all")
     bad = [m for m in args.modes if m not in MODES]
     if bad:
         p.error(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
@@ -545,7 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    models = ["small", "large"] if args.model == "both" else [args.model]
+    models = args.models
     work = Path(tempfile.mkdtemp(prefix="hvtrace-overhead-", dir=args.workdir))
     runs: list[RunResult] = []
     failed: list[str] = []
@@ -608,7 +1207,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log.info("run files kept in %s", work)
     summary = summarize(runs, args)
+    whole = whole_summary(runs, args)
     print_tables(summary, args)
+    print_whole(whole, summary)
     print_ab(abs_)
     for f in failed:
         print(f"FAILED (left out): {f}")
@@ -617,10 +1218,15 @@ def main(argv: list[str] | None = None) -> int:
             "config": {k: v for k, v in vars(args).items() if k not in ("json", "workdir", "keep")},
             "models": {m: MODELS[m] for m in models},
             "summary": summary,
+            "whole_process": whole,
             "in_run_ab": abs_,
             "goals": {
                 m: [{"goal": t, "met": ok, "note": why} for t, ok, why in goals(m, per)]
                 for m, per in summary.items()
+            },
+            "whole_process_goals": {
+                m: [{"goal": t, "met": ok, "note": why} for t, ok, why in whole_goals(w["modes"])]
+                for m, w in whole.items()
             },
             "runs": [asdict(r) for r in runs],
             "failed": failed,

@@ -34,6 +34,8 @@ log = logging.getLogger("synth_run")
 K = KIND_CODE
 MS = 1_000_000
 PHASES = ("input", "forward", "backward", "update")
+#: What a slow rank's extra time can be made of (see ``write_synth_run``'s ``slow_cause``).
+CAUSES = ("work", "contention", "blocked")
 #: Rows per rank per step besides the allreduces: input, forward, backward, wait, update, step,
 #: and the loss scalar.
 _FIXED = ("input", "forward", "backward", "wait", "update", "step", "scalar")
@@ -98,16 +100,24 @@ def write_synth_run(
     block_steps: int = 100,
     compact_files: bool = True,
     row_group_rows: int | None = None,
+    slow_cause: str = "work",
+    runq_frac: float = 0.0,
 ) -> int:
     """Write the run into ``out_dir``; return the number of spans written.
 
     ``slow_phase`` is one of input, forward, backward, update: the phase of ``slow_rank`` that
     takes ``slow_ms`` longer in every step. ``compact_files`` False leaves the files as a
     crashed job would (never closed): Arrow IPC streams without their final batch.
-    ``row_group_rows``: the Parquet row group bound (default: the writer's).
+    ``row_group_rows``: the Parquet row group bound (default: the writer's). ``slow_cause``
+    (one of :data:`CAUSES`) is what the slow rank's extra time is made of in the ``cpu_ns`` and
+    ``runq_ns`` columns: CPU time (``work``), run-queue wait (``contention``) or neither
+    (``blocked``). Every other phase is CPU work, except ``runq_frac`` of it spent waiting for
+    a CPU on every rank (an oversubscribed host); the wait phase spends 5 % on a CPU.
     """
     if slow_phase not in PHASES:
         raise ValueError(f"slow_phase must be one of {PHASES}")
+    if slow_cause not in CAUSES:
+        raise ValueError(f"slow_cause must be one of {CAUSES}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -142,10 +152,13 @@ def write_synth_run(
     flags_row = np.array([0, 0, 0] + [2] * tensors + [0, 0, 0, 0], np.uint8)
     step_start = np.full(ranks, 10_000_000_000, np.int64)
     written = 0
+    measured = np.zeros(per_step, bool)
+    measured[[0, 1, 2, per_step - 4, per_step - 3, per_step - 2]] = True  # not allreduce, scalar
     for b0 in range(0, steps, block_steps):
         nb = min(block_steps, steps - b0)
         st = np.empty((nb, ranks, per_step), np.int64)
         en = np.empty((nb, ranks, per_step), np.int64)
+        runq = np.zeros((nb, ranks, per_step), np.int64)
         loss = np.empty((nb, ranks))
         for i in range(nb):
             s = b0 + i
@@ -176,10 +189,23 @@ def write_synth_run(
             st[i, :, j + 1], en[i, :, j + 1] = sync_end, upd_end
             st[i, :, j + 2], en[i, :, j + 2] = step_start, upd_end
             st[i, :, j + 3] = en[i, :, j + 3] = upd_end + 1000
+            col = {"input": 0, "forward": 1, "backward": 2, "update": j + 1}[slow_phase]
+            if slow_cause == "contention":
+                runq[i, :, col] += slow
             st[i] += o
             en[i] += o
             loss[i] = 2.3 * np.exp(-s / max(steps, 1)) + 0.01 * np.arange(ranks)
             step_start = upd_end + 100_000
+        # CPU time: the whole phase, less its run-queue wait; the wait phase 5 %; the slow rank's
+        # extra is CPU only for slow_cause "work"; the step is the sum of its phases
+        for c in (0, 1, 2, j + 1):
+            runq[:, :, c] += ((en[:, :, c] - st[:, :, c]) * runq_frac).astype(np.int64)
+        runq[:, :, j + 2] = runq[:, :, [0, 1, 2, j + 1]].sum(axis=2)
+        cpu = en - st - runq
+        cpu[:, :, j] = (en[:, :, j] - st[:, :, j]) // 20
+        if slow_cause == "blocked":
+            cpu[:, :, col] -= slow[None, :]
+        cpu[:, :, j + 2] = cpu[:, :, [0, 1, 2, j, j + 1]].sum(axis=2)
         step_col = np.repeat(np.arange(b0, b0 + nb, dtype=np.int32), per_step)
         value = np.full((nb, per_step), np.nan)
         last = b0 + nb >= steps
@@ -201,6 +227,8 @@ def write_synth_run(
                     ),
                     pa.array(value.ravel()),
                     pa.array(np.tile(flags_row, nb)),
+                    pa.array(cpu[:, r, :].ravel(), mask=~np.tile(measured, nb)),
+                    pa.array(runq[:, r, :].ravel(), mask=~np.tile(measured, nb)),
                 ],
                 schema=FILE_SCHEMA,
             )
@@ -237,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-rank", type=int, default=1, help="-1: no slow rank")
     p.add_argument("--slow-ms", type=float, default=20.0)
     p.add_argument("--slow-phase", default="forward", choices=PHASES)
+    p.add_argument("--slow-cause", default="work", choices=CAUSES)
     p.add_argument("--ranks-per-host", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--crashed", action="store_true", help="leave the files unclosed (IPC)")
@@ -258,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         args.ranks_per_host,
         args.seed,
         compact_files=not args.crashed,
+        slow_cause=args.slow_cause,
     )
     dt = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in Path(args.out_dir).iterdir() if f.is_file())

@@ -39,11 +39,13 @@ from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
     FILE_SCHEMA,
+    FILE_SCHEMA_V1,
     FILE_SUFFIX,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEADER_KEY,
     PARQUET_SUFFIX,
+    READ_VERSIONS,
     REQUIRED_HEADER_FIELDS,
     TRACE_SUFFIXES,
 )
@@ -196,6 +198,8 @@ class RankSource:
     #: Row groups of a Parquet file that the step selection needs, and how many it has.
     row_groups_read: int = 0
     row_groups_total: int = 0
+    #: The file's format version (a version 1 Parquet file has no ``cpu_ns``/``runq_ns``).
+    version: int = FORMAT_VERSION
 
 
 def span_sources(run: Run, steps: StepRange | None = None) -> list[RankSource]:
@@ -216,6 +220,7 @@ def span_sources(run: Run, steps: StepRange | None = None) -> list[RankSource]:
                     clock=rf.clock,
                     row_groups_read=len(rf.row_groups(steps)),
                     row_groups_total=len(rf.row_group_steps),
+                    version=int(rf.header["version"]),
                 )
             )
         else:
@@ -227,24 +232,29 @@ def span_relation(
     con: Any, sources: Sequence[RankSource], new_name: Callable[[], str]
 ) -> tuple[str, dict[str, Any], list[str]]:
     """Return ``(sql, params, registered)``: one DuckDB relation of ``sources`` with a ``rank``
-    column and the columns ``step, kind, name, start_ns, end_ns, bytes, dtype``.
+    column and the columns ``step, kind, name, start_ns, end_ns, bytes, dtype, cpu_ns,
+    runq_ns`` (the last two NULL for a version 1 file, or a table without them).
 
-    Parquet files are read by one ``read_parquet`` (their paths are parameters, never spliced
-    into SQL; the rank is looked up by file index); in-memory tables are registered on ``con``
-    under names from ``new_name()``, listed in ``registered`` for the caller to unregister.
+    Parquet files are read by one ``read_parquet`` per format version (their paths are
+    parameters, never spliced into SQL; the rank is looked up by file index); in-memory tables
+    are registered on ``con`` under names from ``new_name()``, listed in ``registered`` for the
+    caller to unregister.
     """
     parts: list[str] = []
     params: dict[str, Any] = {}
     registered: list[str] = []
-    cols = "step, kind, name, start_ns, end_ns, bytes, dtype"
-    files = [s for s in sources if s.parquet is not None]
-    if files:
-        params["files"] = [str(s.parquet) for s in files]
-        params["ranks"] = [int(s.rank if s.rank is not None else -1) for s in files]
-        parts.append(
-            "SELECT list_extract($ranks, file_index::INTEGER + 1)::INTEGER AS rank, "
-            f"{cols} FROM read_parquet($files)"
-        )
+    base = "step, kind, name, start_ns, end_ns, bytes, dtype"
+    v2 = f"{base}, cpu_ns, runq_ns"
+    v1 = f"{base}, NULL::BIGINT AS cpu_ns, NULL::BIGINT AS runq_ns"
+    for version, cols in ((2, v2), (1, v1)):
+        files = [s for s in sources if s.parquet is not None and (s.version == 1) == (version == 1)]
+        if files:
+            params[f"files{version}"] = [str(s.parquet) for s in files]
+            params[f"ranks{version}"] = [int(s.rank if s.rank is not None else -1) for s in files]
+            parts.append(
+                f"SELECT list_extract($ranks{version}, file_index::INTEGER + 1)::INTEGER AS rank, "
+                f"{cols} FROM read_parquet($files{version})"
+            )
     for s in sources:
         if s.parquet is not None:
             continue
@@ -252,7 +262,8 @@ def span_relation(
         con.register(raw, s.table)
         registered.append(raw)
         rank = "rank::INTEGER AS rank" if s.rank is None else f"{int(s.rank)}::INTEGER AS rank"
-        parts.append(f"SELECT {rank}, {cols} FROM {raw}")
+        names = getattr(s.table, "column_names", None) or list(getattr(s.table, "columns", []))
+        parts.append(f"SELECT {rank}, {v2 if 'cpu_ns' in names else v1} FROM {raw}")
     return " UNION ALL ".join(parts), params, registered
 
 
@@ -459,12 +470,12 @@ def _parse_header(path: Path, raw: bytes | None, where: str) -> dict[str, Any]:
     missing = [k for k in REQUIRED_HEADER_FIELDS if k not in header]
     if missing:
         raise TraceError(_problem(path, f"header lacks {', '.join(missing)}"))
-    if header["version"] != FORMAT_VERSION:
+    if header["version"] not in READ_VERSIONS or isinstance(header["version"], bool):
         raise TraceError(
             _problem(
                 path,
                 f"format version {header['version']!r} is not supported "
-                f"(this hvtrace reads version {FORMAT_VERSION})",
+                f"(this hvtrace reads versions {', '.join(map(str, READ_VERSIONS))})",
             )
         )
     for k in ("rank", "size"):
@@ -524,16 +535,41 @@ def _is(value: Any, types: tuple[type, ...]) -> bool:
 
 def _validate_header(path: Path, schema: pa.Schema) -> dict[str, Any]:
     header = _parse_header(path, (schema.metadata or {}).get(HEADER_KEY), "schema metadata")
-    if not schema.equals(FILE_SCHEMA, check_metadata=False):
-        raise TraceError(_problem(path, "span columns do not match the hvtrace format"))
+    if not schema.equals(file_schema(header["version"]), check_metadata=False):
+        raise TraceError(
+            _problem(
+                path, f"span columns do not match the hvtrace format version {header['version']}"
+            )
+        )
     return header
 
 
-def _columns_match(schema: pa.Schema) -> bool:
-    """True when ``schema`` has the format's columns (dictionary index widths may differ)."""
-    if schema.names != FILE_SCHEMA.names:
+def file_schema(version: int) -> pa.Schema:
+    """The columns of a file of format ``version`` (1: without ``cpu_ns`` and ``runq_ns``)."""
+    return FILE_SCHEMA_V1 if version == 1 else FILE_SCHEMA
+
+
+def with_all_columns(table: pa.Table, columns: Iterable[str] | None = None) -> pa.Table:
+    """``table`` with every one of ``columns`` (default :data:`COLUMNS`), in that order: those a
+    version 1 file lacks (``cpu_ns``, ``runq_ns``) are added as nulls."""
+    cols = list(COLUMNS) if columns is None else list(columns)
+    if table.column_names == cols:
+        return table
+    n = table.num_rows
+    arrays = [
+        table.column(c) if c in table.column_names else pa.nulls(n, FILE_SCHEMA.field(c).type)
+        for c in cols
+    ]
+    return pa.Table.from_arrays(arrays, schema=pa.schema([FILE_SCHEMA.field(c) for c in cols]))
+
+
+def _columns_match(schema: pa.Schema, version: int) -> bool:
+    """True when ``schema`` has the columns of format ``version`` (dictionary index widths may
+    differ)."""
+    want_schema = file_schema(version)
+    if schema.names != want_schema.names:
         return False
-    for got, want in zip(schema.types, FILE_SCHEMA.types, strict=True):
+    for got, want in zip(schema.types, want_schema.types, strict=True):
         if pa.types.is_dictionary(want):
             if not (pa.types.is_dictionary(got) and got.value_type == want.value_type):
                 return False
@@ -769,6 +805,7 @@ def read_rank_file(path: str | os.PathLike, read_spans: bool = True) -> RankFile
         header = _validate_header(path, scan.schema)
         rf = RankFile(path, header, FILE_SCHEMA.empty_table())
         _start_clock(rf)
+        schema = file_schema(header["version"])
         batches: list[pa.RecordBatch] = []
         for batch, status in scan:
             batches.append(batch)
@@ -776,7 +813,7 @@ def read_rank_file(path: str | os.PathLike, read_spans: bool = True) -> RankFile
                 _apply_status(rf, status)
         rf.truncated, rf.refused = scan.truncated, scan.refused
         if batches:
-            rf.table = pa.Table.from_batches(batches, schema=FILE_SCHEMA)
+            rf.table = with_all_columns(pa.Table.from_batches(batches, schema=schema))
     rf.n_spans = rf.table.num_rows
     return rf
 
@@ -825,13 +862,13 @@ def _open_parquet(
             schema = pf.schema_arrow
         except (pa.ArrowException, ValueError, TypeError):
             schema = None
-        if schema is None or not _columns_match(schema):
+        if schema is None or not _columns_match(schema, header["version"]):
             raise TraceError(_problem(path, "span columns do not match the hvtrace format"))
         yield pf, header, _parse_status(meta)
 
 
 #: Bytes a decoded span takes in memory (the fixed-width columns of FILE_SCHEMA).
-ROW_BYTES: Final = 45
+ROW_BYTES: Final = 61
 
 
 def plausible_row_groups(md: pq.FileMetaData) -> tuple[int | None, str]:
@@ -928,11 +965,13 @@ def _read_row_groups(
     row group and a message saying what failed."""
     tables: list[pa.Table] = []
     err = None
+    have = set(pf.schema_arrow.names)
+    present = [c for c in columns if c in have]  # a version 1 file lacks cpu_ns and runq_ns
     for g in groups:
         try:
-            t = pf.read_row_group(g, columns=columns)
+            t = pf.read_row_group(g, columns=present)
             t.validate(full=True)
-            tables.append(_conform(t, columns))
+            tables.append(with_all_columns(_conform(t, present), columns))
         except (pa.ArrowException, OSError, ValueError, TypeError, IndexError) as exc:
             err = f"row group {g} is unreadable ({_short(exc)}); later spans lost"
             break

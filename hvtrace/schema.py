@@ -22,7 +22,11 @@ from typing import Final
 import pyarrow as pa
 
 FORMAT_NAME: Final = "hvtrace"
-FORMAT_VERSION: Final = 1
+#: Version 2 added the ``cpu_ns`` and ``runq_ns`` columns; version 1 files are still read (those
+#: columns are null there).
+FORMAT_VERSION: Final = 2
+#: Format versions this hvtrace reads.
+READ_VERSIONS: Final[tuple[int, ...]] = (1, 2)
 #: Suffix of the live (and crashed) form: an Arrow IPC stream.
 FILE_SUFFIX: Final = ".arrows"
 #: Suffix of the compacted form of a closed file: Parquet.
@@ -70,9 +74,18 @@ FILE_SCHEMA: Final = pa.schema(
         pa.field("dtype", pa.dictionary(pa.int8(), pa.string())),
         pa.field("value", pa.float64()),
         pa.field("flags", pa.uint8()),
+        # The recording thread's CPU time during the span, and the time it was runnable but
+        # waiting for a CPU (run queue), both in ns; null when not measured (allreduce, scalar and
+        # clock rows; spans of version 1 files; a platform without per-thread scheduler counters).
+        pa.field("cpu_ns", pa.int64()),
+        pa.field("runq_ns", pa.int64()),
     ]
 )
 COLUMNS: Final[tuple[str, ...]] = tuple(FILE_SCHEMA.names)
+#: The columns added by version 2 (absent from version 1 files: read as nulls).
+V2_COLUMNS: Final[tuple[str, ...]] = ("cpu_ns", "runq_ns")
+#: The columns of a version 1 file.
+FILE_SCHEMA_V1: Final = pa.schema([f for f in FILE_SCHEMA if f.name not in V2_COLUMNS])
 
 #: dtype names, in order (dictionary of the ``dtype`` column).
 DTYPES: Final[tuple[str, ...]] = (

@@ -154,12 +154,14 @@ class Engine:
 
     def fetch(self, sources: Sequence[RankSource], steps: StepRange | None) -> dict[str, Any]:
         """Stage 1 (DuckDB): the group's spans of ``steps`` that are a step's work, as numpy
-        columns ``rank``, ``step``, ``k`` (kind code), ``start_ns``, ``end_ns``, ``bytes``."""
+        columns ``rank``, ``step``, ``k`` (kind code), ``start_ns``, ``end_ns``, ``bytes``,
+        ``cpu_ns``, ``runq_ns`` (float, NaN where not measured)."""
         src, params, registered = span_relation(self.con, sources, self._names)
         try:
             where = steps.sql("step") if steps is not None else "TRUE"
             table = self.con.sql(
-                f"SELECT rank, step, {_KIND_CODE_SQL} AS k, start_ns, end_ns, bytes "
+                f"SELECT rank, step, {_KIND_CODE_SQL} AS k, start_ns, end_ns, bytes, "
+                "cpu_ns::DOUBLE AS cpu_ns, runq_ns::DOUBLE AS runq_ns "
                 f"FROM ({src}) WHERE {where} AND kind NOT IN ('scalar', 'clock')",
                 params=params,
             ).to_arrow_table()
@@ -213,7 +215,9 @@ class Engine:
             finally:
                 con.unregister("hv_offsets")
             user_sql = f"""SELECT rank, step, name,
-                    sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count
+                    sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count,
+                    CASE WHEN count(cpu_ns) = count(*) THEN sum(cpu_ns) END::DOUBLE AS cpu_ns,
+                    CASE WHEN count(runq_ns) = count(*) THEN sum(runq_ns) END::DOUBLE AS runq_ns
                 FROM {table} s WHERE kind = 'user'
                 AND NOT starts_with(name, '{INTERNAL_PREFIX}') AND {where}
                 GROUP BY rank, step, name ORDER BY rank, step, name"""
@@ -227,6 +231,8 @@ class Engine:
                         "name": pd.Series(dtype=object),
                         "dur_ns": pd.Series(dtype=np.int64),
                         "count": pd.Series(dtype=np.int64),
+                        "cpu_ns": pd.Series(dtype=np.float64),
+                        "runq_ns": pd.Series(dtype=np.float64),
                     }
                 )
         finally:
@@ -319,11 +325,20 @@ def reduce_steps(
         np.asarray(cols["start_ns"]),
         np.asarray(cols["end_ns"]),
         np.asarray(cols["bytes"]),
+        _nan_floats(cols.get("cpu_ns")),
+        _nan_floats(cols.get("runq_ns")),
     )
     offsets = _align(rows, sources)
     # whether the group has user spans at all (else stage 3 skips their query)
     rows.attrs["has_users"] = bool((np.asarray(cols["k"]) == KINDS.index("user")).any())
     return rows, offsets, len(cols["k"])
+
+
+def _nan_floats(col: Any) -> np.ndarray | None:
+    """A fetched column as float64 with NaN for NULL (None when absent)."""
+    if col is None:
+        return None
+    return np.asarray(col, dtype=np.float64)
 
 
 def _align(rows: pd.DataFrame, sources: Sequence[RankSource]) -> pd.DataFrame:
@@ -428,6 +443,9 @@ def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summ
     cols["name"] = spans["name"] if "name" in spans.columns else spans["kind"].astype(str)
     cols["bytes"] = spans["bytes"] if "bytes" in spans.columns else np.zeros(n, np.int64)
     cols["dtype"] = spans["dtype"] if "dtype" in spans.columns else np.full(n, "", object)
+    for c in ("cpu_ns", "runq_ns"):  # absent: read as NULL (a version 1 file's spans)
+        if c in spans.columns:
+            cols[c] = spans[c].astype("float64")
     frame = pd.DataFrame(cols).astype({"rank": np.int32, "step": np.int32})
     frame = frame.astype({"start_ns": np.int64, "end_ns": np.int64, "bytes": np.int64})
     import pyarrow as pa

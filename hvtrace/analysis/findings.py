@@ -27,6 +27,33 @@ SMALL_BYTES: Final = 256 * 1024
 #: Rank 0's extra time between steps must be this share of the step (median) or of the run.
 RANK0_STEP_SHARE: Final = 0.10
 RANK0_RUN_SHARE: Final = 0.05
+#: A host's ranks are short of CPUs when their median run-queue wait is this share of the step.
+CONTENTION_STEP_SHARE: Final = 0.10
+
+#: What each cause of a slow phase means, and what to do about it (see stragglers.split_cause).
+CAUSE_WORDS: Final[dict[str, tuple[str, str, str]]] = {
+    # cause: (what the part is, heading, advice)
+    "work": (
+        "more CPU time than the other ranks",
+        "does more work",
+        "it computes more than the others: give every rank the same work (equal data shards "
+        "and batch sizes, the same model), or look at what this rank does in that phase",
+    ),
+    "contention": (
+        "waiting for a CPU",
+        "waits for a CPU (contention)",
+        "it is runnable but has no CPU: run fewer busy threads than cores per rank "
+        "(torch.set_num_threads / OMP_NUM_THREADS, fewer DataLoader workers), pin ranks to "
+        "their own cores (horovodrun --binding-args, taskset), and keep other jobs off the host",
+    ),
+    "blocked": (
+        "blocked, neither on a CPU nor waiting for one",
+        "is blocked",
+        "it sleeps or waits (I/O, a lock, a queue such as the DataLoader's): move blocking I/O "
+        "off the training loop (prefetch, more DataLoader workers, checkpoints in another thread "
+        "or every N steps)",
+    ),
+}
 
 
 def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Finding]:
@@ -36,6 +63,7 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
     rank0 = _rank0_blocking(a, config or StragglerConfig())
     out += _stragglers(a, skip_rank0=bool(rank0))
     out += rank0
+    out += _contention(a)
     unexplained = _unexplained(a)
     out += unexplained
     out += _comm_bound(a)
@@ -121,10 +149,17 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
                 "warning",
                 f"host {h['host']} is slow: all its ranks ({_list(h['ranks'])}) arrive late, "
                 f"median {h['late_ms']:.1f} ms; the last rank is on it in {h['last_share']:.0%} "
-                f"of steps" + (f"; slow phase: {h['phase']}" if h["phase"] else ""),
+                f"of steps"
+                + (f"; slow phase: {h['phase']}" if h["phase"] else "")
+                + (f" ({CAUSE_WORDS[h['cause']][0]}: {h['cause']})" if h.get("cause") else ""),
                 float(h["late_ms"]),
                 "ms",
-                {"host": h["host"], "ranks": list(h["ranks"]), "phase": h["phase"]},
+                {
+                    "host": h["host"],
+                    "ranks": list(h["ranks"]),
+                    "phase": h["phase"],
+                    "cause": h.get("cause", ""),
+                },
             )
         )
     v = a.verdicts.set_index("rank")
@@ -136,30 +171,99 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         if r == 0 and skip_rank0 and _between_steps(s["phase"]):
             continue  # said by the rank-0 finding, more specifically
         vr = v.loc[r]
-        where = _phase_words(s["phase"], vr)
+        where = _phase_words(s["phase"], vr) + cause_clause(s)
         who = f"rank {r}" + (f" ({s['host']})" if s["host"] not in ("", "?") else "")
+        cause = str(s.get("cause") or "")
+        head = f"straggler: {who}"
+        if cause:
+            head = f"{'contention' if cause == 'contention' else 'straggler'}: {who} "
+            head += CAUSE_WORDS[cause][1]
         msg = (
-            f"straggler: {who} is last to be ready in {s['last_share']:.0%} of "
+            f"{head}{':' if cause else ' is'} last to be ready in {s['last_share']:.0%} of "
             f"steps, median {s['late_ms']:.1f} ms after the first rank; {where}"
         )
         if not vr["by_arrival"]:
             msg = (
-                f"straggler: {who}: {where} in {vr['work_share']:.0%} of steps "
+                f"{head}: {where} in {vr['work_share']:.0%} of steps "
                 f"(it is last in {s['last_share']:.0%}, median {s['late_ms']:.1f} ms late)"
             )
-        if r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
+        if cause:
+            msg += f"; {CAUSE_WORDS[cause][2]}"
+        elif r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
             msg += (
                 " (on a CPU run rank 0 also runs Horovod's coordinator: with more busy threads "
                 "than cores this alone slows its backward; give each rank more cores)"
             )
+        data = {"rank": r, "phase": s["phase"], "phase_excess_ms": _f(s["phase_excess_ms"])}
+        if cause:
+            data["cause"] = cause
+            data.update({f"{c}_ms": _f(s[f"{c}_ms"]) for c in ("work", "contention", "blocked")})
         out.append(
             Finding(
-                "straggler",
+                "contention" if cause == "contention" else "straggler",
                 "warning",
                 msg,
                 float(s["late_ms"]),
                 "ms",
-                {"rank": r, "phase": s["phase"], "phase_excess_ms": _f(s["phase_excess_ms"])},
+                data,
+            )
+        )
+    return out
+
+
+def cause_clause(s: pd.Series) -> str:
+    """The part of a straggler's line that says why, for a row of ``Analysis.stragglers`` with a
+    cause (", of which 11.8 ms waiting for a CPU on host vm (contention)"); "" without one."""
+    cause = str(s.get("cause") or "")
+    if not cause:
+        return ""
+    part = float(s[f"{cause}_ms"])
+    host = f" on host {s['host']}" if cause == "contention" and s["host"] not in ("", "?") else ""
+    return f", of which {part:.1f} ms {CAUSE_WORDS[cause][0]}{host} ({cause})"
+
+
+def cause_line(s: pd.Series) -> str:
+    """One line on why a straggler is slow: "rank 1: backward +12.4 ms, of which 11.8 ms
+    waiting for a CPU on host vm (contention)", from a row of ``Analysis.stragglers``."""
+    return (
+        f"rank {int(s['rank'])}: {s['phase'] or 'no single phase'} "
+        f"{float(s['phase_excess_ms']):+.1f} ms{cause_clause(s)}"
+    )
+
+
+def _contention(a: Analysis) -> list[Finding]:
+    """Hosts whose ranks wait for a CPU a good share of every step (oversubscribed), straggler
+    or not: on a balanced run the contention is the finding, not a phase."""
+    s = analyzed_steps(a.steps, a.skip_steps)
+    if s.empty or "step_runq_ns" not in s.columns:
+        return []
+    per_rank = s.groupby("rank")[["step_runq_ns", "step_ns"]].median()
+    per_rank["host"] = [a.hosts.get(int(r), "?") for r in per_rank.index]
+    st = a.stragglers
+    advised = set(st.loc[st["cause"] == "contention", "host"]) if "cause" in st else set()
+    out = []
+    for host, g in per_rank.groupby("host", sort=True):
+        runq_ms = float(g["step_runq_ns"].median()) / 1e6
+        step_ms = float(g["step_ns"].median()) / 1e6
+        if not (np.isfinite(runq_ms) and step_ms > 0):
+            continue
+        share = runq_ms / step_ms
+        if share < CONTENTION_STEP_SHARE:
+            continue
+        worst = g["step_runq_ns"].idxmax()
+        where = f"host {host}" if host != "?" else "this host"
+        out.append(
+            Finding(
+                "contention",
+                "warning",
+                f"CPU contention on {where}: its ranks ({_list([int(r) for r in g.index])}) wait "
+                f"a median {runq_ms:.1f} ms per step ({share:.0%} of the step) runnable but "
+                f"without a CPU (most: rank {int(worst)}, "
+                f"{float(g.loc[worst, 'step_runq_ns']) / 1e6:.1f} ms)"
+                + ("" if host in advised else "; " + CAUSE_WORDS["contention"][2]),
+                runq_ms,
+                "ms",
+                {"host": host, "ranks": [int(r) for r in g.index], "step_share": share},
             )
         )
     return out

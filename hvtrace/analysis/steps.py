@@ -25,6 +25,17 @@ from hvtrace.schema import KIND_CODE, KINDS
 
 #: The phases of a step, in time order. They do not overlap each other.
 PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
+#: Phases (and the whole step) whose CPU time and run-queue wait the recorder measures: the step
+#: table has ``X_cpu_ns`` and ``X_runq_ns`` for each that has measurements (see :func:`step_rows`).
+CAUSE_PHASES: Final[tuple[str, ...]] = (
+    "step",
+    "input",
+    "forward",
+    "backward",
+    "compute",
+    "wait",
+    "update",
+)
 #: User spans whose name starts with this are hvtrace's own (the clock collective), not user work.
 INTERNAL_PREFIX: Final = "hvtrace."
 #: Duration columns of :func:`step_table`, in report order (all in ns).
@@ -129,6 +140,10 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
         spans["start_ns"].to_numpy(dtype=np.int64),
         spans["end_ns"].to_numpy(dtype=np.int64),
         spans["bytes"].to_numpy(dtype=np.int64),
+        *(
+            spans[c].to_numpy(dtype=np.float64, na_value=np.nan) if c in spans.columns else None
+            for c in ("cpu_ns", "runq_ns")
+        ),
     )
     return finish_steps(rows)
 
@@ -140,6 +155,8 @@ def step_rows(
     start_ns: np.ndarray,
     end_ns: np.ndarray,
     nbytes: np.ndarray,
+    cpu_ns: np.ndarray | None = None,
+    runq_ns: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Reduce spans to one row per (rank, step): the per-rank half of :func:`step_table`.
 
@@ -165,7 +182,12 @@ def step_rows(
     - ``arrival_ns``: when the rank's last gradient became ready (latest allreduce enqueue; NA
       without allreduce);
     - ``comm_compute_ratio`` = allreduce / model time; ``algbw_gbps`` = allreduce_bytes /
-      allreduce_ns (a lower bound: the union includes waiting for other ranks).
+      allreduce_ns (a lower bound: the union includes waiting for other ranks);
+    - with ``cpu_ns`` / ``runq_ns`` (per span, NaN where not measured), for each of
+      :data:`CAUSE_PHASES` measured in the group: ``X_cpu_ns`` (the recording thread's CPU time
+      in that phase) and ``X_runq_ns`` (its time runnable but waiting for a CPU), float32, NaN in
+      a step where some span of that phase was not measured. The rest of the phase's time,
+      ``X_ns - X_cpu_ns - X_runq_ns``, the thread was blocked (sleep, I/O, a lock, a queue).
     """
     kinds = np.asarray(kinds, dtype=np.int16)
     kinds = np.where((kinds == _K["scalar"]) | (kinds == _K["clock"]), -1, kinds).astype(np.int16)
@@ -174,10 +196,16 @@ def step_rows(
     nbytes = np.asarray(nbytes, dtype=np.int64)
     # (rank, step) pairs made only of ignored rows are dropped at the end
     real_rows = kinds >= 0
+    causes = {
+        c: np.asarray(v, dtype=np.float64)
+        for c, v in (("cpu", cpu_ns), ("runq", runq_ns))
+        if v is not None and len(v) and not np.isnan(np.asarray(v, dtype=np.float64)).all()
+    }
     if not real_rows.all():
         keep = np.flatnonzero(real_rows)
         rank, step, kinds = np.asarray(rank)[keep], np.asarray(step)[keep], kinds[keep]
         start, end, nbytes = start[keep], end[keep], nbytes[keep]
+        causes = {c: v[keep] for c, v in causes.items()}
     gid, g_rank, g_step = group_ids(rank, step)
     n = len(g_rank)
     kk = kinds.astype(np.int64)
@@ -238,6 +266,7 @@ def step_rows(
     phase_sum = sums[:, [_K[k] for k in PHASES]].sum(axis=1)
     out["other_ns"] = np.maximum(step_ns - phase_sum - (user_union - inside), 0)
 
+    _add_causes(out, causes, gid, kinds, n)
     out["n_allreduce"] = counts[:, _K["allreduce"]]
     out["allreduce_bytes"] = np.bincount(g_ar, weights=nbytes[ar], minlength=n).astype(np.int64)
     arr = pd.array(np.zeros(n, np.int64), dtype="Int64")
@@ -256,6 +285,25 @@ def step_rows(
             allreduce > 0, out["allreduce_bytes"].to_numpy() / np.maximum(allreduce, 1), np.nan
         )
     return out
+
+
+def _add_causes(
+    out: pd.DataFrame, causes: dict[str, np.ndarray], gid: np.ndarray, kinds: np.ndarray, n: int
+) -> None:
+    """Add ``X_cpu_ns`` / ``X_runq_ns`` of each measured phase to a step table (in place)."""
+    for k in CAUSE_PHASES:
+        rows = np.flatnonzero(kinds == _K[k])
+        for c, values in causes.items():
+            v = values[rows]
+            measured = np.isfinite(v)
+            if not len(rows) or not measured.any():
+                continue
+            g = gid[rows]
+            total = np.bincount(g[measured], weights=v[measured], minlength=n)
+            missing = np.bincount(g[~measured], minlength=n) > 0
+            present = np.bincount(g, minlength=n) > 0
+            col = np.where(present & ~missing, total, np.nan).astype(np.float32)
+            out[f"{k}_{c}_ns"] = col
 
 
 def finish_steps(rows: pd.DataFrame, n_ranks: int | None = None) -> pd.DataFrame:
@@ -313,10 +361,13 @@ def rank_summary(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
     ``comm_compute_ratio`` (median of the per-step ratio), ``overlap`` (share of the allreduce
     union hidden under backward/compute, over all analyzed steps), ``algbw_gbps`` (median),
     ``n_allreduce`` (median tensors per step), ``allreduce_bytes`` (median bytes per step) and
-    ``last_share`` (share of the analyzed steps in which the rank arrived last).
+    ``last_share`` (share of the analyzed steps in which the rank arrived last). Where the
+    recorder measured them, ``X_cpu_ms`` / ``X_runq_ms`` (and their p95) for the phases of
+    :data:`CAUSE_PHASES`: the training thread's CPU time and run-queue wait.
     """
     a = analyzed_steps(steps, skip_steps)
     cols = [c for c in DURATION_COLUMNS if c in a.columns]
+    cols += [c for c in a.columns if c.endswith(("_cpu_ns", "_runq_ns"))]
     ms = a[["rank", *cols]].copy()
     ms[cols] = ms[cols].astype("float64") / 1e6
     g = ms.groupby("rank", sort=True)

@@ -28,6 +28,13 @@ phase that contains it when it accounts for most of that phase's excess.
 
 When every rank of one host (with 2 or more ranks) is late and the run has more than one host,
 the host is named too (:func:`slow_hosts`).
+
+**Why** the rank is slow in that phase: where the recorder measured the training thread's CPU
+time and run-queue wait per phase (format version 2), the phase's excess over the other ranks
+(per-rank medians, as above) is split into **work** (more CPU time than the others' median),
+**contention** (more time runnable but waiting for a CPU) and **blocked** (the rest: neither on a
+CPU nor waiting for one: sleep, I/O, a lock, a queue such as DataLoader workers'). The largest
+part is the ``cause`` (:func:`split_cause`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ from hvtrace.analysis.steps import analyzed_steps
 #: On a 2-core host running 2 ranks, Horovod's coordinator thread alone makes rank 0 ~1-2 ms
 #: later than the others in every step of a balanced run.
 CPU_NOISE_FLOOR_NS: Final = 2_000_000
+
+#: The causes a phase's excess is split into (see :func:`split_cause`).
+CAUSES: Final[tuple[str, ...]] = ("work", "contention", "blocked")
 
 #: Built-in phases a straggler can be slow in (rank-local work; wait is a consequence, not work).
 WORK_PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "update", "other")
@@ -159,6 +169,65 @@ def phase_matrix(
     return out
 
 
+def cause_matrix(
+    steps: pd.DataFrame, users: pd.DataFrame | None, columns: list[str], which: str
+) -> pd.DataFrame:
+    """Return per (rank, step) the ``which`` (``cpu`` or ``runq``) time in ms of each phase of
+    ``columns`` (the columns of :func:`phase_matrix`); NaN where it was not measured."""
+    idx = pd.MultiIndex.from_frame(steps[["rank", "step"]])
+    data = {}
+    for p in columns:
+        if p.startswith("user:"):
+            continue
+        col = f"{p}_{which}_ns"
+        if col in steps.columns:
+            data[p] = steps[col].to_numpy(dtype=np.float64) / 1e6
+        else:
+            data[p] = np.full(len(steps), np.nan)
+    out = pd.DataFrame(data, index=idx)
+    user_cols = [p for p in columns if p.startswith("user:")]
+    if user_cols:
+        col = f"{which}_ns"
+        if users is not None and len(users) and col in users.columns:
+            u = users[users["name"].isin([p.removeprefix("user:") for p in user_cols])]
+            u = u[u[col].notna()]  # pandas sums NaN to 0: keep only measured spans
+            wide = u.pivot_table(
+                index=["rank", "step"], columns="name", values=col, aggfunc="sum", dropna=False
+            )
+            wide.columns = [f"user:{c}" for c in wide.columns]
+            wide = wide.reindex(index=idx, columns=user_cols) / 1e6
+            # a step without the span: 0 ms of it (as in phase_matrix), when it was measured
+            measured = wide.notna().any(axis=0)
+            wide.loc[:, measured] = wide.loc[:, measured].fillna(0.0)
+            out = pd.concat([out, wide], axis=1)
+        else:
+            for p in user_cols:
+                out[p] = np.nan
+    return out[columns]
+
+
+def split_cause(excess_ms: float, work_ms: float, contention_ms: float) -> dict[str, Any]:
+    """Split a phase's excess over the other ranks into its causes.
+
+    ``work_ms``: the rank's extra CPU time in the phase; ``contention_ms``: its extra run-queue
+    wait (both per-rank medians minus the other ranks' median, like ``excess_ms``). The rest is
+    ``blocked``. Returns ``cause`` (the largest part, "" when the parts were not measured) and
+    ``work_ms``, ``contention_ms``, ``blocked_ms``.
+    """
+    if not (np.isfinite(excess_ms) and np.isfinite(work_ms) and np.isfinite(contention_ms)):
+        nan = float("nan")
+        return {"cause": "", "work_ms": nan, "contention_ms": nan, "blocked_ms": nan}
+    blocked = excess_ms - work_ms - contention_ms
+    parts = {"work": work_ms, "contention": contention_ms, "blocked": blocked}
+    cause = max(CAUSES, key=lambda c: parts[c])
+    return {
+        "cause": cause,
+        "work_ms": float(work_ms),
+        "contention_ms": float(contention_ms),
+        "blocked_ms": float(blocked),
+    }
+
+
 def straggler_table(
     steps: pd.DataFrame,
     users: pd.DataFrame | None = None,
@@ -180,7 +249,9 @@ def straggler_table(
     ``builtin_phase`` / ``builtin_excess_ms`` (largest built-in excess), ``work_phase``,
     ``work_excess_ms`` (median per-step excess over the other ranks), ``work_share`` (share of
     steps where that excess beat ``work_floor_ms``), ``by_arrival`` / ``by_work`` (which
-    criterion holds), ``named`` and ``reason`` (a short text, empty when not named).
+    criterion holds), ``named`` and ``reason`` (a short text, empty when not named); ``cause``,
+    ``work_ms``, ``contention_ms``, ``blocked_ms``: ``phase_excess_ms`` split by
+    :func:`split_cause` ("" and NaN where the run has no CPU measurements).
     """
     cfg = config or StragglerConfig()
     hosts = hosts or {}
@@ -223,6 +294,11 @@ def straggler_table(
         rank_med = pm.groupby(level="rank").median().reindex(ranks)
         med_excess = rank_med.to_numpy() - median_of_others(rank_med.to_numpy().T).T
         med_excess = pd.DataFrame(med_excess, index=ranks, columns=phases)
+        cause_excess = {}
+        for which in ("cpu", "runq"):
+            cm = cause_matrix(a, users, phases, which)
+            cm_med = cm.groupby(level="rank").median().reindex(ranks).to_numpy(np.float64)
+            cause_excess[which] = cm_med - median_of_others(cm_med.T).T
         per_step_excess = {}
         per_step_share = {}
         for p in phases:
@@ -236,6 +312,7 @@ def straggler_table(
         step_share = pd.DataFrame(per_step_share).reindex(ranks).fillna(0.0)
     else:
         med_excess = pd.DataFrame(index=ranks)
+        cause_excess = {w: np.full((n_ranks, 0), np.nan) for w in ("cpu", "runq")}
         step_ex = pd.DataFrame(index=ranks)
         step_share = pd.DataFrame(index=ranks)
 
@@ -287,6 +364,15 @@ def straggler_table(
             phase = rec["work_phase"]
             phase_ex = float(me[i, phases.index(_col(rec["work_phase"], phases))])
         rec["phase"], rec["phase_excess_ms"] = phase, phase_ex
+        k = phases.index(_col(phase, phases)) if phase else None
+        nan = float("nan")
+        rec.update(
+            split_cause(
+                phase_ex if k is not None else nan,
+                float(cause_excess["cpu"][i, k]) if k is not None else nan,
+                float(cause_excess["runq"][i, k]) if k is not None else nan,
+            )
+        )
         rec["named"] = rec["by_arrival"] or rec["by_work"]
         rec["reason"] = _reason(rec) if rec["named"] else ""
         rows.append(rec)
@@ -314,6 +400,10 @@ _VERDICT_COLUMNS = [
     "by_work",
     "named",
     "reason",
+    "cause",
+    "work_ms",
+    "contention_ms",
+    "blocked_ms",
 ]
 
 
@@ -362,7 +452,7 @@ def _empty_verdicts(base: pd.DataFrame) -> pd.DataFrame:
     for c in _VERDICT_COLUMNS:
         if c not in out.columns:
             out[c] = False if c in ("by_arrival", "by_work", "named") else np.nan
-    for c in ("phase", "builtin_phase", "work_phase", "reason"):
+    for c in ("phase", "builtin_phase", "work_phase", "reason", "cause"):
         out[c] = ""
     return out[_VERDICT_COLUMNS]
 
@@ -371,9 +461,21 @@ def find_stragglers(verdicts: pd.DataFrame) -> pd.DataFrame:
     """Return the named stragglers of :func:`straggler_table`, latest first.
 
     Columns: ``rank``, ``host``, ``late_ms``, ``last_share``, ``phase``, ``phase_excess_ms``,
-    ``reason``.
+    ``reason``, ``cause``, ``work_ms``, ``contention_ms``, ``blocked_ms``.
     """
-    cols = ["rank", "host", "late_ms", "last_share", "phase", "phase_excess_ms", "reason"]
+    cols = [
+        "rank",
+        "host",
+        "late_ms",
+        "last_share",
+        "phase",
+        "phase_excess_ms",
+        "reason",
+        "cause",
+        "work_ms",
+        "contention_ms",
+        "blocked_ms",
+    ]
     named = verdicts[verdicts["named"]]
     return named.sort_values("late_ms", ascending=False)[cols].reset_index(drop=True)
 
@@ -390,9 +492,10 @@ def slow_hosts(
     or when it is named for consistently slow work. A host is named when all its ranks are late,
     some rank elsewhere is not, and the last rank of a step is on that host in a clear majority of
     steps (the same share as for ranks, counting hosts). Columns: ``host``, ``ranks`` (list),
-    ``late_ms`` (median of its ranks'), ``last_share``, ``phase`` (its ranks' most common phase).
+    ``late_ms`` (median of its ranks'), ``last_share``, ``phase`` (its ranks' most common phase),
+    ``cause`` (its ranks' most common cause, "" when not measured).
     """
-    cols = ["host", "ranks", "late_ms", "last_share", "phase"]
+    cols = ["host", "ranks", "late_ms", "last_share", "phase", "cause"]
     cfg = config or StragglerConfig()
     v = verdicts
     if v.empty or v["host"].nunique() < 2:
@@ -421,6 +524,7 @@ def slow_hosts(
         share = float(last_steps.get(host, 0) / n_steps)
         if all_late and others_ok and share >= need:
             phase = grp["phase"].replace("", np.nan).mode()
+            cause = grp["cause"].replace("", np.nan).mode() if "cause" in grp else phase[:0]
             rows.append(
                 {
                     "host": host,
@@ -428,6 +532,7 @@ def slow_hosts(
                     "late_ms": float(grp["late_ms"].median()),
                     "last_share": share,
                     "phase": str(phase.iloc[0]) if len(phase) else "",
+                    "cause": str(cause.iloc[0]) if len(cause) else "",
                 }
             )
     return pd.DataFrame(rows, columns=cols)

@@ -6,7 +6,10 @@ Run it under Horovod, for example::
 
 Everything is deterministic for a given ``--seed``: each rank draws its batches from its own
 seeded generator, so a traced and an untraced run end with identical parameters. Options inject a
-known slowdown on one rank (``--slow-rank``) or on every rank of one host (``--slow-host``) and
+known slowdown on one rank (``--slow-rank``) or on every rank of one host (``--slow-host``):
+``--slow-kind sleep`` (the default) sleeps (the rank is blocked), ``--slow-kind compute`` does
+extra matrix products on the training thread (more work); ``--pin-cores`` pins each rank to one
+core (so that a busy process pinned beside one rank takes that rank's CPU). Others
 exercise Horovod's options (``--bpps``, ``--fp16``, ``--clip``, ``--groups``). For benchmarks,
 ``--torch-profiler DIR`` runs the loop under ``torch.profiler`` instead (use it with
 ``--no-trace``), and ``--step-times`` records each step's wall time.
@@ -46,16 +49,30 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-class SlowForward(nn.Module):
-    """Wraps a model and sleeps ``delay_s`` inside its forward (an injected straggler)."""
+def delay(seconds: float, kind: str = "sleep") -> None:
+    """Spend ``seconds`` of wall time: asleep (``sleep``: blocked) or multiplying matrices on
+    this thread (``compute``: more work)."""
+    if kind == "sleep":
+        time.sleep(seconds)
+        return
+    a = torch.ones(64, 64)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = (a @ a).clamp_(max=1.0)
 
-    def __init__(self, inner: nn.Module, delay_s: float) -> None:
+
+class SlowForward(nn.Module):
+    """Wraps a model and spends ``delay_s`` inside its forward (an injected straggler), asleep
+    or computing (:func:`delay`)."""
+
+    def __init__(self, inner: nn.Module, delay_s: float, kind: str = "sleep") -> None:
         super().__init__()
         self.inner = inner
         self.delay_s = delay_s
+        self.kind = kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.delay_s)
+        delay(self.delay_s, self.kind)
         return self.inner(x)
 
 
@@ -78,6 +95,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--slow-ms", type=float, default=0.0, help="delay added on --slow-rank / --slow-host"
     )
     p.add_argument("--slow-phase", choices=["forward", "input", "update"], default="forward")
+    p.add_argument(
+        "--slow-kind",
+        choices=["sleep", "compute"],
+        default="sleep",
+        help="how the delay is spent: asleep (blocked) or computing (more work)",
+    )
+    p.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="pin each rank (and the threads it starts) to core local_rank modulo the cores",
+    )
     p.add_argument("--bpps", type=int, default=1, help="backward_passes_per_step")
     p.add_argument("--fp16", action="store_true", help="hvd.Compression.fp16")
     p.add_argument(
@@ -135,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import horovod.torch as hvd
 
+    if args.pin_cores and hasattr(os, "sched_setaffinity"):
+        # before hvd.init(): Horovod's background thread inherits the affinity
+        cores = sorted(os.sched_getaffinity(0))
+        local = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+        os.sched_setaffinity(0, {cores[local % len(cores)]})
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(args.seed)
@@ -143,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
     slow = (rank == args.slow_rank or on_slow_host) and args.slow_ms > 0
     model: nn.Module = (
-        SlowForward(core, args.slow_ms / 1e3) if slow and args.slow_phase == "forward" else core
+        SlowForward(core, args.slow_ms / 1e3, args.slow_kind)
+        if slow and args.slow_phase == "forward"
+        else core
     )
     base = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     kwargs = dict(
@@ -187,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     x = torch.randn(args.batch_size, 256, generator=gen)
                     y = (x @ w_true).argmax(dim=1)
                     if slow and args.slow_phase == "input":
-                        time.sleep(args.slow_ms / 1e3)
+                        delay(args.slow_ms / 1e3, args.slow_kind)
                 loss = loss_fn(model(x), y) / args.bpps
                 loss.backward()
             if args.clip:
@@ -198,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 opt.step()
             if slow and args.slow_phase == "update":
-                time.sleep(args.slow_ms / 1e3)
+                delay(args.slow_ms / 1e3, args.slow_kind)
             hvtrace.scalar("loss", float(loss.detach()))
             step_times.append(time.perf_counter() - t0)
             traced.append(on)

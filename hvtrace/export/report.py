@@ -22,6 +22,7 @@ import pandas as pd
 
 from hvtrace.analysis import Analysis
 from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
+from hvtrace.analysis.findings import cause_line
 from hvtrace.errors import TraceError
 from hvtrace.export.output import make_output_dir, open_output
 from hvtrace.selection import StepRange, format_ranks
@@ -346,6 +347,7 @@ def format_report(
             ("last", 5, ">"),
             ("phase", 16, "<"),
             ("excess ms", 10, ">"),
+            ("cause", 10, "<"),
         ]
         rows = []
         for _, s in a.stragglers.iterrows():
@@ -357,10 +359,23 @@ def format_report(
                     _pct(s["last_share"]),
                     str(s["phase"] or "-"),
                     _num(s["phase_excess_ms"], "+.1f"),
+                    str(s.get("cause") or "-"),
                 ]
             )
         L += _table(headers, rows)
-        L += wrap("excess: how much longer the phase takes than the other ranks' median.", w)
+        causes = a.stragglers[a.stragglers["cause"].astype(str) != ""]
+        L += wrap(
+            "excess: how much longer the phase takes than the other ranks' median"
+            + (
+                "; cause: the largest part of it: work (more CPU time), contention (waiting "
+                "for a CPU) or blocked (neither):"
+                if len(causes)
+                else "."
+            ),
+            w,
+        )
+        for _, s in causes.iterrows():
+            L += wrap(cause_line(s), w)
     for _, h in a.slow_hosts.iterrows():
         L += wrap(
             f"slow host {h['host']}: ranks {', '.join(map(str, h['ranks']))}, median "
@@ -419,7 +434,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     Keys: ``run_id``, ``run_dir``, ``size``, ``ranks``, ``hosts``, ``steps`` (first, last,
     count, skip_steps, selected), ``per_rank`` (medians and p95 in ms, ratios, ``user_ms`` per
     user span), ``stragglers`` (rank, host, late_ms, last_share, phase, phase_excess_ms,
-    reason), ``slow_hosts``, ``verdicts`` (every rank's evidence), ``findings``,
+    reason, and why: cause (work, contention, blocked or "" when not measured), work_ms,
+    contention_ms, blocked_ms), ``slow_hosts``, ``verdicts`` (every rank's evidence), ``findings``,
     ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
     ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
     drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``.

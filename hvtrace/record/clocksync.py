@@ -1,4 +1,11 @@
-"""Clock offsets by timed TCP round trips to rank 0 (NTP's bound, without NTP).
+"""Clock offsets to rank 0: Horovod barrier rounds, then timed TCP round trips (NTP's bound).
+
+:func:`handshake` (at start: the run id and the first estimate) and :func:`sync_clocks` (later
+estimates) are collectives every rank runs at the same point; :func:`sync_clocks` takes the
+round-trip estimate when it is tighter than the barrier's and consistent with it
+(:func:`better_estimate`).
+
+Timed TCP round trips to rank 0:
 
 A Horovod collective takes milliseconds (negotiation, the background thread's cycle), so barrier
 rounds bound a rank's offset to rank 0 only within milliseconds on a loaded machine. A round trip
@@ -21,15 +28,17 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 import selectors
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
-from hvtrace.clock import ClockEstimate, estimate_from_round_trips
+from hvtrace.clock import ClockEstimate, estimate_from_round_trips, estimate_offsets
 from hvtrace.record.timers import monotonic_ns
 
 log = logging.getLogger(__name__)
@@ -173,3 +182,52 @@ def ping_rank0(hvd: Any, rounds: int, tag: str) -> ClockEstimate | None:
     if times is None:
         return None
     return estimate_from_round_trips(times[:, 0], times[:, 1], times[:, 2])
+
+
+#: TCP round trips per clock estimate (tens of microseconds each).
+PING_ROUNDS = 32
+_sync_counter = 0
+
+
+def sync_clocks(hvd: Any, rounds: int) -> ClockEstimate:
+    """Run ``rounds`` barrier rounds on every rank; return this rank's offset to rank 0.
+
+    A collective: every rank must call it at the same point. See :mod:`hvtrace.clock`.
+    """
+    import torch
+
+    global _sync_counter
+    _sync_counter += 1
+    tag = f"hvtrace.clock.{_sync_counter}"
+    x = torch.zeros(1)
+    hvd.allreduce(x, name=f"{tag}.warm", op=hvd.Sum)
+    enter = np.empty(rounds, np.int64)
+    exit_ = np.empty(rounds, np.int64)
+    for r in range(rounds):
+        enter[r] = monotonic_ns()
+        hvd.allreduce(x, name=f"{tag}.{r}", op=hvd.Sum)
+        exit_[r] = monotonic_ns()
+    mine = torch.from_numpy(np.concatenate([enter, exit_])).unsqueeze(0)
+    everyone = hvd.allgather(mine, name=f"{tag}.gather").numpy()
+    barrier = estimate_offsets(everyone[:, :rounds], everyone[:, rounds:])[hvd.rank()]
+    trips = ping_rank0(hvd, PING_ROUNDS, tag)
+    return better_estimate(barrier, trips)
+
+
+def better_estimate(barrier: ClockEstimate, trips: ClockEstimate | None) -> ClockEstimate:
+    """The round-trip estimate when it is bounded, tighter than the barrier's and consistent
+    with it (both are bounds on the same offset: their intervals must meet); else the barrier's."""
+    if trips is None or not trips.bounded or trips.uncertainty_ns >= barrier.uncertainty_ns:
+        return barrier
+    gap = abs(trips.offset_ns - barrier.offset_ns)
+    if barrier.bounded and gap > trips.uncertainty_ns + barrier.uncertainty_ns:
+        log.debug("hvtrace: clock round trips %s contradict the barrier %s", trips, barrier)
+        return barrier
+    return trips
+
+
+def handshake(hvd: Any, rounds: int) -> tuple[str, ClockEstimate]:
+    """The run id (made by rank 0, broadcast) and the first clock estimate (a collective)."""
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    run_id = hvd.broadcast_object(run_id, root_rank=0, name="hvtrace.run_id")
+    return str(run_id), sync_clocks(hvd, rounds)

@@ -3,6 +3,9 @@
 ``Recorder.add`` appends one tuple to a bounded deque (thread-safe without locks: autograd hooks
 may run on other threads). When the buffer is full the span is dropped and counted, never waited
 for. The background writer drains the buffer; any failure disables the recorder with one warning.
+
+This module also holds the process's one registry of what is being traced (:func:`active`): the
+recorder, and through its ``tracer`` attribute the optimizer tracer that owns it.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from threading import get_ident
 from typing import Any, TypeVar
 
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate
+from hvtrace.record.cpustat import ThreadCounters
+from hvtrace.record.rows import span_count
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
 from hvtrace.schema import DTYPE_CODE, FILE_SUFFIX, KIND_CODE
@@ -40,8 +46,10 @@ DEFAULT_BUFFER_SPANS = settings.BUFFER_SPANS.default
 class Recorder:
     """One rank's recorder: current step, the span buffer and its background writer.
 
-    Attributes read on the hot path: ``enabled``, ``step``, ``micro``. ``add()`` is the only
-    method the hot path calls.
+    Attributes read on the hot path: ``enabled``, ``step``, ``micro``, ``counters`` (the
+    training thread's CPU and run-queue counters: the thread that creates the recorder). ``add()``
+    and ``extend()`` are the methods the hot path calls. ``tracer`` is the optimizer tracer that
+    owns this recorder (None for a bare recorder).
     """
 
     def __init__(
@@ -51,6 +59,7 @@ class Recorder:
         timer: Any = None,
         buffer_spans: int = DEFAULT_BUFFER_SPANS,
         flush_interval_s: float = settings.FLUSH_S.default,
+        counters: ThreadCounters | None = None,
     ) -> None:
         self.enabled = False
         self.step = 0
@@ -59,6 +68,8 @@ class Recorder:
         #: recorded then (the loss, after ``opt.step()``) belongs to the step just finished.
         self.between_steps = False
         self.dropped = 0
+        self.tracer: Any = None
+        self.counters = counters if counters is not None else ThreadCounters()
         self.timer = timer if timer is not None else HostTimer()
         self.header = header
         self._cap = buffer_spans
@@ -82,6 +93,7 @@ class Recorder:
                 flush_interval_s,
             )
         except Exception as exc:  # noqa: BLE001 - tracing must never take training down
+            self.counters.close()
             self.fail(f"cannot write trace file {self.path}: {exc}")
             return
         self.enabled = True
@@ -102,15 +114,19 @@ class Recorder:
         value: float = _NAN,
         flags: int = 0,
         step: int | None = None,
+        cpu_start: Any = None,
+        cpu_end: Any = None,
     ) -> None:
-        """Append one span (kind code, name, start/end tokens). Never blocks, never raises."""
+        """Append one span (kind code, name, start/end tokens, and the counter readings at start
+        and end, see :mod:`hvtrace.record.cpustat`). Never blocks, never raises."""
         buf = self._buf
         if len(buf) >= self._cap:
             self.dropped += 1
             return
+        step = self.step if step is None else step
         buf.append(
             (
-                self.step if step is None else step,
+                step,
                 self.micro,
                 kind,
                 name,
@@ -120,29 +136,20 @@ class Recorder:
                 dtype,
                 value,
                 flags,
+                cpu_start,
+                cpu_end,
             )
         )
 
-    def add_groups(self, kind: int, groups: list[tuple], flags: int = 0) -> None:
-        """Append spans of one kind given by groups that share step and start/end tokens.
-
-        Each group is ``(step, start, end, names, nbytes, dtypes)``: one span per name, with its
-        bytes and dtype (the tensors of one, possibly grouped, allreduce). One call per step
-        instead of one :meth:`add` per span; what does not fit in the buffer is dropped and
-        counted, as with :meth:`add`.
-        """
+    def extend(self, entries: list) -> None:
+        """Append buffer entries (rows, or :class:`~hvtrace.record.rows.Allreduces`), or drop
+        them all and count their spans when the buffer is full (an entry counts as one against
+        ``buffer_spans``: a synchronize's allreduces are one entry)."""
         buf = self._buf
-        room = self._cap - len(buf)
-        micro = self.micro
-        append = buf.append
-        for step, start, end, names, nbytes, dtypes in groups:
-            n = len(names)
-            if room < n:
-                self.dropped += n - max(room, 0)
-                n = max(room, 0)
-            room -= n
-            for i in range(n):
-                append((step, micro, kind, names[i], start, end, nbytes[i], dtypes[i], _NAN, flags))
+        if len(buf) + len(entries) > self._cap:
+            self.dropped += span_count(entries)
+            return
+        buf.extend(entries)
 
     # -- state shared with the writer ----------------------------------------------------------
     def add_clock(self, estimate: ClockEstimate) -> None:
@@ -170,8 +177,6 @@ class Recorder:
             self._failed = True
             # One line through logging (no handler configured: Python prints it on stderr).
             log.warning("hvtrace: tracing disabled on rank %s: %s", self.header.get("rank"), reason)
-        if _active is self:
-            _set_active(None)
 
     def _on_writer_error(self, exc: BaseException) -> None:
         self.fail(
@@ -183,6 +188,7 @@ class Recorder:
         # A forked child (DataLoader worker) has no writer thread: record nothing there.
         self.enabled = False
         self.writer = None
+        self.counters.close()  # the parent's thread: no readings here
         if _active is self:
             _set_active(None)
 
@@ -201,11 +207,13 @@ class Recorder:
             writer.close()
         except Exception as exc:  # noqa: BLE001
             log.warning("hvtrace: closing %s failed: %s", self.path, exc)
-        if _active is self:
-            _set_active(None)
+        self.counters.close()
 
 
-# -- the process-wide active recorder (set by DistributedOptimizer) ---------------------------
+# -- the process-wide registry: the active recorder (and its tracer) ---------------------------
+#: The recorder of this process (set by DistributedOptimizer). It stays registered when recording
+#: fails or the file is closed (``enabled`` says whether to record), so that ``hvtrace.finish()``
+#: still finds the tracer, whose clock collective every rank must run; a forked child clears it.
 _active: Recorder | None = None
 _active_lock = threading.Lock()
 
@@ -217,8 +225,15 @@ def _set_active(rec: Recorder | None) -> None:
 
 
 def active_recorder() -> Recorder | None:
-    """Return the recorder of this process, or None when not tracing."""
-    return _active
+    """Return the recorder of this process, or None when not tracing (none, or disabled)."""
+    rec = _active
+    return rec if rec is not None and rec.enabled else None
+
+
+def active_tracer() -> Any:
+    """Return the optimizer tracer of this process, or None."""
+    rec = _active
+    return rec.tracer if rec is not None else None
 
 
 class span:
@@ -228,13 +243,14 @@ class span:
     span belongs to the optimizer step current at its start. A no-op when not tracing.
     """
 
-    __slots__ = ("_rec", "_start", "_step", "name")
+    __slots__ = ("_cpu", "_rec", "_start", "_step", "name")
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
         self._start = 0
         self._rec: Recorder | None = None
         self._step = 0
+        self._cpu: Any = None
 
     def __enter__(self) -> span:
         rec = _active
@@ -242,13 +258,26 @@ class span:
             self._rec = rec
             self._step = rec.step
             self._start = monotonic_ns()
+            # the training thread's counters (read just after the time, as at a phase boundary),
+            # only when the span is on that thread
+            counters = rec.counters
+            try:
+                self._cpu = counters.read() if get_ident() == counters.ident else None
+            except Exception as e:  # noqa: BLE001
+                self._rec = None
+                rec.fail(f"recording span {self.name!r}: {e}")
         return self
 
     def __exit__(self, *exc: object) -> None:
         rec, self._rec = self._rec, None
         if rec is not None and rec.enabled:
             try:
-                rec.add(_K_USER, self.name, self._start, monotonic_ns(), step=self._step)
+                end = monotonic_ns()
+                c0 = self._cpu
+                c1 = rec.counters.read() if c0 is not None else None
+                rec.add(
+                    _K_USER, self.name, self._start, end, step=self._step, cpu_start=c0, cpu_end=c1
+                )
             except Exception as e:  # noqa: BLE001
                 rec.fail(f"recording span {self.name!r}: {e}")
 

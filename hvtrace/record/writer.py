@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +28,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 
+from hvtrace.record import rows as rows_mod
+from hvtrace.record.cpustat import deltas
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -46,8 +49,9 @@ except ImportError:  # not on POSIX: no lock, compaction cannot tell a live stre
 
 log = logging.getLogger("hvtrace")
 
-# Row layout in the buffer (positions in the tuple).
+# Row layout in the buffer (positions in the tuple): see hvtrace.record.rows.
 STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS = range(10)
+CPU_START = rows_mod.CPU_START
 
 
 def _fixed(values: Any, np_dtype: Any, pa_type: pa.DataType) -> pa.Array:
@@ -103,20 +107,25 @@ class BatchEncoder:
         self._name_dict = _strings([])
 
     def encode(self, rows: list[tuple]) -> pa.RecordBatch:
-        """Return one record batch holding ``rows`` (tuples of resolved ints, see module layout)."""
+        """Return one record batch holding ``rows`` (tuples of resolved ints, see
+        :mod:`hvtrace.record.rows`; rows without readings get null ``cpu_ns`` and ``runq_ns``)."""
         ids = self._name_ids
         name_idx = []
+        measured = []  # (row index, start reading, end reading)
         n_names = len(self._names)
-        for r in rows:
+        for j, r in enumerate(rows):
             n = r[NAME]
             i = ids.get(n)
             if i is None:
                 i = ids[n] = len(self._names)
                 self._names.append(n)
             name_idx.append(i)
+            if len(r) > CPU_START and r[CPU_START] is not None:
+                measured.append((j, r[CPU_START], r[CPU_START + 1]))
         if len(self._names) != n_names:
             self._name_dict = _strings(self._names)
         cols = list(zip(*rows)) if rows else [()] * 10
+        cpu, runq = _counters(measured, len(rows))
         arrays = [
             _fixed(cols[STEP], np.int32, pa.int32()),
             _fixed(cols[MICRO], np.int16, pa.int16()),
@@ -128,8 +137,34 @@ class BatchEncoder:
             pa.DictionaryArray.from_arrays(_fixed(cols[DTYPE], np.int8, pa.int8()), _DTYPE_DICT),
             _fixed(cols[VALUE], np.float64, pa.float64()),
             _fixed(cols[FLAGS], np.uint8, pa.uint8()),
+            cpu,
+            runq,
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=FILE_SCHEMA)
+
+
+def _counters(measured: list[tuple], n: int) -> tuple[pa.Array, pa.Array]:
+    """The ``cpu_ns`` and ``runq_ns`` columns of ``n`` rows, from the readings of ``measured``
+    rows ``(index, start reading, end reading)``; null elsewhere. The schedstat lines are parsed
+    here, in the writer thread."""
+    if not measured:
+        return pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())
+    values = np.zeros((2, n), np.int64)
+    valid = np.zeros((2, n), np.bool_)
+    for j, start, end in measured:
+        cpu, runq = deltas(start, end)
+        if cpu is not None:
+            values[0, j], valid[0, j] = cpu, True
+        if runq is not None:
+            values[1, j], valid[1, j] = runq, True
+    out = []
+    for k in range(2):
+        bits = pa.py_buffer(np.packbits(valid[k], bitorder="little"))
+        nulls = n - int(valid[k].sum())
+        out.append(
+            pa.Array.from_buffers(pa.int64(), n, [bits, pa.py_buffer(values[k])], null_count=nulls)
+        )
+    return out[0], out[1]
 
 
 class TraceFile:
@@ -314,14 +349,16 @@ def _write_parquet(
         "truncated": False,
     }
     sort_keys = [("step", "ascending"), ("start_ns", "ascending")]
+    # The stream's own columns: a version 1 stream stays a version 1 file (its header says so)
+    schema = pa.schema(list(scan.schema))
     # The header is the schema's metadata: written to the footer's key-value metadata and kept in
     # the stored Arrow schema, so that pyarrow puts it back on the schema it reads.
     with pq.ParquetWriter(
         sink,
-        FILE_SCHEMA.with_metadata({HEADER_KEY: raw_header}),
+        schema.with_metadata({HEADER_KEY: raw_header}),
         compression="zstd",
         write_statistics=True,
-        use_dictionary=[c for c in COLUMNS if c not in _DELTA_COLUMNS],
+        use_dictionary=[c for c in schema.names if c not in _DELTA_COLUMNS],
         column_encoding=dict.fromkeys(_DELTA_COLUMNS, "DELTA_BINARY_PACKED"),
         **kwargs,
     ) as out:
@@ -330,7 +367,7 @@ def _write_parquet(
 
         def write(final: bool) -> None:
             nonlocal pending, rows
-            table = pa.Table.from_batches(pending, schema=FILE_SCHEMA)
+            table = pa.Table.from_batches(pending, schema=schema)
             table = table.unify_dictionaries().combine_chunks()
             # a stable sort: rows with equal keys keep the stream's order
             table = table.take(pc.sort_indices(table, sort_keys=sort_keys))
@@ -510,6 +547,14 @@ def compact_run(
     return results
 
 
+def _release_unheld(timer: Any, tokens: dict[int, Any]) -> None:
+    """Give CUDA events back to ``timer``'s pool, except those something else still holds."""
+    while tokens:
+        tok = tokens.popitem()[1]
+        if sys.getrefcount(tok) <= 2:  # ``tok`` and getrefcount's argument: no one else
+            timer.release(tok)
+
+
 class BackgroundWriter:
     """Owns a rank's trace file and the thread that fills it from ``buffer``.
 
@@ -567,12 +612,12 @@ class BackgroundWriter:
 
     def _flush_locked(self, final: bool) -> None:
         buf = self._buffer
-        rows = self._pending
-        for _ in range(len(buf)):
-            rows.append(buf.popleft())
+        entries = [buf.popleft() for _ in range(len(buf))]
+        rows = rows_mod.expand(entries, self._pending)
         timer = self._timer
         ready, waiting = [], []
         if timer.is_cuda:
+            done = []
             for r in rows:
                 if final:
                     for tok in (r[START], r[END]):
@@ -580,12 +625,19 @@ class BackgroundWriter:
                             tok.synchronize()  # off the training loop: only at close
                 if timer.ready(r[START]) and timer.ready(r[END]):
                     s, e = timer.resolve(r[START]), timer.resolve(r[END])
-                    timer.release(r[START])
-                    if r[END] is not r[START]:
-                        timer.release(r[END])
+                    done.append(r)
                     ready.append((*r[:START], s, e, *r[BYTES:]))
                 else:
                     waiting.append(r)
+            # A token may be shared by several rows (a step boundary, a synchronize's end) and
+            # still be held by the tracer (the next step starts where this one ended): give each
+            # back to the pool once, and only when nothing else holds it (its reference count:
+            # the dict below, the loop variable and getrefcount's argument), else let it go.
+            held = {id(t) for r in waiting for t in (r[START], r[END])}
+            back = {id(t): t for r in done for t in (r[START], r[END]) if id(t) not in held}
+            self._pending = waiting
+            rows = done = entries = r = tok = None  # drop this frame's references to tokens
+            _release_unheld(timer, back)
         else:
             ready = rows
         self._pending = waiting

@@ -49,7 +49,11 @@ def test_names_the_slowed_rank_and_its_phase(slow_run):
 
 def test_balanced_run_names_nobody(balanced_run):
     a = analyze(load_run(balanced_run))
-    assert a.stragglers.empty, a.verdicts.to_string()
+    # Nothing is injected: no rank does more work or is blocked. On 2 cores a rank may wait for
+    # a CPU more than the other (Horovod's and hvtrace's threads share them): that may be named,
+    # as contention only, never as a straggler in a phase.
+    assert (a.stragglers["cause"] == "contention").all(), a.verdicts.to_string()
+    assert not [f.message for f in a.findings if f.kind == "straggler"]
 
 
 def _cli(*args: str | os.PathLike) -> subprocess.CompletedProcess:
@@ -77,6 +81,9 @@ def test_analyze_command_end_to_end(slow_run, tmp_path):
         assert key in d
     assert d["ranks"] == [0, 1]
     assert {k: d["stragglers"][0][k] for k in ("rank", "phase")} == {"rank": 1, "phase": "forward"}
+    # rank 1 sleeps in its forward: blocked, neither on a CPU nor waiting for one
+    assert d["stragglers"][0]["cause"] == "blocked", d["stragglers"][0]
+    assert d["stragglers"][0]["blocked_ms"] > 0.6 * d["stragglers"][0]["phase_excess_ms"]
     assert set(d["stragglers"][0]) >= {"rank", "host", "late_ms", "last_share", "phase"}
     assert (tmp_path / "csv" / "spans.csv").is_file()
 

@@ -18,6 +18,7 @@ import pytest
 from helpers import run_train, tail
 
 from hvtrace.load import Run, load_run
+from hvtrace.schema import FORMAT_VERSION
 
 # a fixture's horovodrun launch counts against the first test that needs it: allow several
 pytestmark = [pytest.mark.horovod, pytest.mark.timeout(1500)]
@@ -250,7 +251,7 @@ def test_header(plain: Job) -> None:
     assert len(run.run_id) > 8
     host = socket.gethostname()
     for r, h in ((0, h0), (1, h1)):
-        assert h["format"] == "hvtrace" and h["version"] == 1
+        assert h["format"] == "hvtrace" and h["version"] == FORMAT_VERSION == 2
         assert h["rank"] == r and h["size"] == 2
         assert h["local_size"] == 2 and h["local_rank"] == r
         assert h["host"] == host

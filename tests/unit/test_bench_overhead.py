@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -49,3 +50,136 @@ def test_ab_summary_needs_pairs():
     mod = _overhead_module()
     with pytest.raises(RuntimeError, match="block pair"):
         mod.ab_summary(_run(mod, 0.0, steps=12), every=4, warmup=10)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 6, 10, 25])
+def test_median_ci_is_the_binomial_order_statistic_interval(n):
+    mod = _overhead_module()
+    values = [float(v) for v in range(n, 0, -1)]  # unsorted on purpose
+    lo, hi, cover = mod.median_ci(values)
+    assert lo <= np.median(values) <= hi
+    if n >= 6:  # enough values: the exact coverage reaches 95%, and is the tightest that does
+        assert cover >= 0.95
+        k = int(lo)  # values are 1..n, so x(k) == k
+        assert hi == n + 1 - k
+        tighter = 1 - 2 * sum(math.comb(n, j) for j in range(k + 1)) / 2**n
+        assert tighter < 0.95
+    else:  # too few: the range, with its own coverage
+        assert (lo, hi) == (1.0, float(n))
+        assert cover == pytest.approx(max(0.0, 1 - 2 / 2**n))
+    if n == 10:
+        assert (lo, hi) == (2.0, 9.0)
+        assert cover == pytest.approx(1 - 22 / 1024)
+
+
+def test_median_ci_covers_the_true_median_about_as_often_as_it_says():
+    mod = _overhead_module()
+    rng = np.random.default_rng(3)
+    hits = 0
+    for _ in range(2000):
+        xs = rng.lognormal(0.0, 1.0, 10)  # skewed, true median 1
+        lo, hi, cover = mod.median_ci(list(xs))
+        hits += lo <= 1.0 <= hi
+    assert abs(hits / 2000 - cover) < 0.02
+
+
+def _proc_run(mod, mode, rnd, cpu_ms, rss, job=5.0):
+    marks = [
+        {
+            "at": "start",
+            "maxrss_mb": 10.0,
+            "rss_mb": 10.0,
+            "cpu_s": 0.0,
+            "wall_s": 0.0,
+            "threads": 1,
+        },
+        {
+            "at": "loop end",
+            "maxrss_mb": rss,
+            "rss_mb": rss,
+            "cpu_s": job,
+            "wall_s": 9.0,
+            "threads": 2,
+        },
+    ]
+    return mod.RunResult(
+        "small", mode, rnd, [0.015] * 20, 0, 0, 0.0, 0.0, cpu_ms / 1e3,
+        job_cpu_s=[job, job], maxrss_mb=[rss, rss + 2.0], marks=marks,
+        loop_thread_cpu_s={"main": [cpu_ms * 0.01, cpu_ms * 0.01], "writer": [0.0, 0.0],
+                           "other": [cpu_ms * 0.01 / 2, cpu_ms * 0.01 / 2]},
+    )  # fmt: skip
+
+
+def test_whole_summary_pairs_rounds_and_judges_the_goals():
+    mod = _overhead_module()
+    runs = []
+    for rnd in range(10):
+        drift = 1.0 + 0.3 * (rnd % 3)  # rounds differ a lot; pairs share the drift
+        runs.append(_proc_run(mod, "untraced", rnd, 30.0 * drift, 300.0 + rnd))
+        runs.append(_proc_run(mod, "hvtrace", rnd, 30.0 * drift * 1.01, 320.0 + rnd, job=5.5))
+    args = mod.parse_args(["--model", "small", "--modes", "untraced,hvtrace"])
+    whole = mod.whole_summary(runs, args)["small"]
+    hv = whole["modes"]["hvtrace"]
+    assert hv["cpu"]["diff"] == pytest.approx(1.0)  # percent, paired per round
+    assert hv["cpu"]["ci"] == pytest.approx((1.0, 1.0))
+    assert hv["rss"]["diff"] == pytest.approx(20.0)  # MB per rank (mean over ranks)
+    assert hv["rss_max"]["diff"] == pytest.approx(20.0)
+    assert hv["job_cpu"]["diff"] == pytest.approx(0.5)
+    assert hv["cpu"]["rounds"] == 10 and hv["cpu"]["coverage"] > 0.95
+    assert hv["main_cpu"]["diff"] == pytest.approx(1.0)
+    assert whole["threads"]["untraced"]["other"] == pytest.approx(39.0 / 2)  # median round
+    assert whole["stages"]["hvtrace"]["loop end"]["maxrss_mb"] == pytest.approx(314.5)
+    assert whole["stages"]["hvtrace"]["loop end"]["threads"] == 2
+    goals = {text: met for text, met, _ in mod.whole_goals(whole["modes"])}
+    assert goals == {"CPU/step added <= 1.5%": True, "peak RSS added <= 35 MB/rank": True}
+    # a round without its untraced partner is left out of the pairs
+    hv2 = mod.whole_summary(runs[1:], args)["small"]["modes"]["hvtrace"]
+    assert hv2["cpu"]["rounds"] == 9
+
+
+def test_whole_goals_note_when_the_interval_straddles_the_limit():
+    mod = _overhead_module()
+    p = {"diff": 1.0, "ci": (-2.0, 4.0), "coverage": 0.98}
+    goals = mod.whole_goals({"hvtrace": {"cpu": p, "rss": {**p, "diff": 40.0, "ci": (38, 42)}}})
+    (_, cpu_met, cpu_note), (_, rss_met, rss_note) = goals
+    assert cpu_met and "within noise" in cpu_note
+    assert not rss_met and rss_note == ""
+
+
+def test_models_option_accepts_lists_and_the_old_names():
+    mod = _overhead_module()
+    assert mod.parse_args(["--model", "both"]).models == ["small", "large"]
+    assert mod.parse_args(["--model", "small"]).models == ["small"]
+    assert mod.parse_args(["--model", "all"]).models == list(mod.MODELS)
+    assert mod.parse_args(["--model", "small,deep"]).models == ["small", "deep"]
+    assert mod.parse_args([]).modes == list(mod.DEFAULT_MODES)
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--model", "huge"])
+    assert mod.grad_tensors("deep") >= 150
+    assert mod.grad_tensors("small") == 14
+
+
+def test_loop_thread_cpu_takes_the_loop_from_each_ranks_marks():
+    mod = _overhead_module()
+
+    def marks(main0, main1, writer1):
+        return [
+            {"at": "loop start", "thread_cpu_s": {"main": main0, "writer": 0.0, "other": 1}},
+            {"at": "loop end", "thread_cpu_s": {"main": main1, "writer": writer1, "other": 3}},
+        ]
+
+    got = mod.loop_thread_cpu([marks(1.0, 4.0, 0.5), marks(2.0, 3.0, 0.25)])
+    assert got == {"main": [3.0, 1.0], "writer": [0.5, 0.25], "other": [2, 2]}
+    assert mod.loop_thread_cpu([marks(1.0, 4.0, 0.5)[:1]]) == {}
+
+
+def test_ab_summary_compares_main_thread_cpu_when_measured():
+    mod = _overhead_module()
+    run = _run(mod, 0.05)
+    assert mod.ab_summary(run, every=4, warmup=10)["cpu_overhead_pct"] is None
+    run.step_cpu_s = [0.5 * s for s in run.step_s]  # CPU: half of each step, same cost
+    ab = mod.ab_summary(run, every=4, warmup=10)
+    assert ab["cpu_overhead_pct"] == pytest.approx(ab["overhead_pct"])
+    assert ab["cpu_on_ms"] == pytest.approx(0.5 * ab["on_ms"])
+    lo, hi = ab["cpu_ci95_pct"]
+    assert lo < 5.0 < hi

@@ -18,6 +18,7 @@ import hvtrace
 from hvtrace.load import load_run, read_rank_file
 from hvtrace.record import recorder as recmod
 from hvtrace.record.recorder import Recorder, active_recorder
+from hvtrace.record.rows import Allreduces
 from hvtrace.record.writer import TraceFile
 from hvtrace.schema import DTYPE_CODE, KIND_CODE
 
@@ -136,26 +137,39 @@ def test_full_buffer_drops_and_counts(tmp_path: Path, recorders) -> None:
     assert any("dropped 15 spans" in p for p in run.problems), run.problems
 
 
-def test_add_groups_keeps_what_fits_and_counts_the_rest(tmp_path: Path, recorders) -> None:
-    rec = recorders(tmp_path, buffer_spans=10, flush_interval_s=NEVER)
-    rec.add(KIND_CODE["user"], "first", 0, 1)
-    ar = KIND_CODE["allreduce"]
-    six = (3, 10, 20, [f"t{i}" for i in range(6)], [4 * i for i in range(6)], [1] * 6)
-    rec.add_groups(ar, [six], 2)
+def test_extend_expands_allreduces_in_the_writer_and_drops_whole(tmp_path: Path, recorders) -> None:
+    """A synchronize's allreduces are one buffer entry: the writer makes one span per tensor,
+    ending when its handle's completion was first observed (else at the synchronize's end)."""
+    rec = recorders(tmp_path, buffer_spans=4, flush_interval_s=NEVER)
+    meta = {"a": (["t0", "t1"], [8, 4], [1, 1]), "b": (["u"], [2], [2])}
+    enq = [(10, "a", (7, None)), (12, "b", (8, None)), (13, "b", lambda: None)]
+    done = [(7, 15), (8, 30), (7, 99)]  # polled first (15), then seen again at synchronize
+    rec.extend(
+        [
+            (3, 0, KIND_CODE["user"], "first", 0, 1, 0, 0, math.nan, 0),
+            Allreduces(3, 1, 2, enq, done, 40, meta),
+        ]
+    )
     assert rec.dropped == 0
-    two = (4, 30, 40, ["u0", "u1"], [0, 1], [1, 1])
-    three = (4, 50, 60, ["w0", "w1", "w2"], [2, 3, 4], [1, 1, 1])
-    rec.add_groups(ar, [two, three], 2)
-    assert rec.dropped == 2  # 3 of the 5 fit: both of the first group, one of the second
-    rec.add_groups(ar, [(5, 0, 1, ["v"], [0], [1])])
+    rec.extend([(4, 0, KIND_CODE["user"], f"x{i}", 0, 1, 0, 0, math.nan, 0) for i in range(3)])
+    assert rec.dropped == 3  # 2 + 3 entries > 4: the three are dropped together
+    rec.extend([Allreduces(4, 0, 2, enq[:1], [], 50, meta)])
     assert rec.dropped == 3
+    rec.extend([Allreduces(5, 0, 2, enq, [], 50, meta)] * 2)
+    assert rec.dropped == 3 + 2 * 4  # a dropped entry counts its spans (tensors)
     rec.close()
-    rows = _rows(read_rank_file(_closed(rec)))
-    assert [r["name"] for r in rows] == ["first"] + [f"t{i}" for i in range(6)] + ["u0", "u1", "w0"]
-    t2 = rows[3]
-    assert (t2["step"], t2["kind"], t2["start_ns"], t2["end_ns"], t2["bytes"], t2["flags"]) == (
-        3, "allreduce", 10, 20, 8, 2
-    )  # fmt: skip
+    rows = sorted(_rows(read_rank_file(_closed(rec))), key=lambda r: (r["step"], r["start_ns"]))
+    got = [(r["step"], r["micro"], r["name"], r["start_ns"], r["end_ns"], r["bytes"]) for r in rows]
+    assert got == [
+        (3, 0, "first", 0, 1, 0),
+        (3, 1, "t0", 10, 15, 8),
+        (3, 1, "t1", 10, 15, 4),
+        (3, 1, "u", 12, 30, 2),
+        (3, 1, "u", 13, 40, 2),  # a callable handle (sparse): ends at the synchronize's end
+        (4, 0, "t0", 10, 50, 8),
+        (4, 0, "t1", 10, 50, 4),
+    ]
+    assert all(r["flags"] == 2 and r["cpu_ns"] is None for r in rows[1:])
 
 
 def test_buffer_frees_up_after_a_flush(tmp_path: Path, recorders) -> None:
@@ -347,3 +361,52 @@ def test_writer_error_in_background_thread(
         rec.close()
     msgs = _hvtrace_warnings(caplog)
     assert len(msgs) == 1 and "No space left" in msgs[0], msgs
+
+
+class _Event:
+    """A stand-in for a completed CUDA event (the writer's view: query, synchronize)."""
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _FakeCudaTimer:
+    is_cuda = True
+    flags = 1
+
+    def __init__(self) -> None:
+        self.released: list = []
+
+    @staticmethod
+    def ready(tok) -> bool:
+        return isinstance(tok, int) or tok.query()
+
+    @staticmethod
+    def resolve(tok) -> int:
+        return tok if isinstance(tok, int) else tok.t
+
+    def release(self, tok) -> None:
+        self.released.append(tok)
+
+
+def test_cuda_events_go_back_to_the_pool_once_and_only_when_free(tmp_path: Path, recorders) -> None:
+    """A token shared by two spans is given back once; one the tracer still holds (the next
+    step's start) is not given back (it would be recorded again while still in use)."""
+    timer = _FakeCudaTimer()
+    rec = recorders(tmp_path, timer=timer, flush_interval_s=NEVER)
+    shared, held = _Event(20), _Event(30)
+    rec.add(KIND_CODE["forward"], "forward", _Event(10), shared, flags=1)
+    rec.add(KIND_CODE["backward"], "backward", shared, held, flags=1)
+    del shared  # only the buffer holds it now; ``held`` is still ours
+    rec.flush()
+    assert sorted(t.t for t in timer.released) == [10, 20]
+    assert held.t == 30  # still ours
+    rec.close()
+    rows = sorted(_rows(read_rank_file(_closed(rec))), key=lambda r: r["start_ns"])
+    assert [(r["start_ns"], r["end_ns"]) for r in rows] == [(10, 20), (20, 30)]

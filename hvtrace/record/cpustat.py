@@ -1,0 +1,137 @@
+"""CPU time and run-queue wait of the training thread: the cause of a phase's time.
+
+A phase of a step takes wall time for one of three reasons, and these counters tell them apart:
+
+- **CPU**: the training thread ran on a CPU (``cpu_ns``);
+- **run queue**: the training thread was runnable but waited for a CPU that other threads or
+  processes held (``runq_ns``: CPU contention, oversubscription);
+- **blocked**: neither, the rest of the wall time: the thread slept or waited (for DataLoader
+  worker processes, a lock, I/O, Horovod's background thread in ``synchronize``, a CUDA sync).
+
+Only the *training thread* is counted: the thread that created the tracer, which runs the
+training loop and calls ``optimizer.step()``. Not torch's intra-op worker threads, not
+DataLoader worker processes, not Horovod's background thread, not hvtrace's writer. On a GPU the
+counters are the host thread's, not the device's. Autograd hooks may run on other threads (on
+CUDA): a reading always samples the training thread's counters, whichever thread takes it.
+
+A *reading* is taken at each phase boundary on the hot path and is one of:
+
+- ``(cpu_ns, schedstat_bytes)``: the thread's CPU clock (``clock_gettime`` of its
+  ``pthread_getcpuclockid``) and the raw line of ``/proc/self/task/TID/schedstat`` (CPU time, run
+  queue wait and timeslices), read with ``os.pread`` from a file kept open. The line is parsed
+  later, by the writer thread (:func:`deltas`), never on the hot path. Its first field is not used:
+  the kernel updates it only at scheduler ticks and context switches while the thread runs, so it
+  lags by up to a tick; the CPU clock is exact. The run queue wait (second field) is current: it
+  only grows while the thread is not running, and is added up when the thread is switched in.
+- ``cpu_ns`` (an int) where schedstat is missing (no ``CONFIG_SCHEDSTATS``, not Linux): CPU time
+  only, the run queue wait is unknown (null);
+- ``None`` where neither is available.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: Per-thread scheduler counters: ``cpu_ns runq_ns timeslices``.
+SCHEDSTAT_PATH = "/proc/self/task/{tid}/schedstat"
+
+Reading = tuple[int, bytes] | int | None
+
+
+def _no_reading() -> None:
+    return None
+
+
+class ThreadCounters:
+    """Readings of one thread's CPU time and run-queue wait (by default the calling thread's).
+
+    ``read()`` is the hot-path call (about two system calls); :attr:`mode` says what it returns:
+    ``"schedstat"`` (CPU clock and schedstat line), ``"cputime"`` (CPU clock only) or ``"none"``.
+    """
+
+    def __init__(self, native_id: int | None = None, ident: int | None = None) -> None:
+        self.native_id = threading.get_native_id() if native_id is None else native_id
+        self.ident = threading.get_ident() if ident is None else ident
+        self.mode = "none"
+        self._fd: int | None = None
+        self.read: Callable[[], Reading] = _no_reading
+        clock = _cpu_clock(self.ident)
+        if clock is None:
+            return
+        self.mode = "cputime"
+        self.read = clock
+        try:
+            fd = os.open(
+                SCHEDSTAT_PATH.format(tid=self.native_id),
+                os.O_RDONLY | getattr(os, "O_CLOEXEC", 0),
+            )
+        except OSError:
+            return
+        try:
+            int(os.pread(fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            os.close(fd)
+            return
+        self._fd = fd
+        self.mode = "schedstat"
+        self.read = _schedstat_reader(clock, fd)
+
+    def close(self) -> None:
+        """Close the schedstat file; later readings are ``None``."""
+        self.read = _no_reading
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _cpu_clock(ident: int) -> Callable[[], int] | None:
+    """A function returning the thread's CPU time in ns, or None when there is none."""
+    try:
+        clock_id = time.pthread_getcpuclockid(ident)
+        time.clock_gettime_ns(clock_id)
+    except (AttributeError, OSError, OverflowError):
+        return None
+    gettime = time.clock_gettime_ns
+
+    def cpu_ns() -> int:
+        return gettime(clock_id)
+
+    return cpu_ns
+
+
+def _schedstat_reader(clock: Callable[[], int], fd: int) -> Callable[[], tuple[int, bytes]]:
+    pread = os.pread
+
+    def read() -> tuple[int, bytes]:
+        return clock(), pread(fd, 64, 0)
+
+    return read
+
+
+def runq_ns(raw: bytes) -> int:
+    """The run-queue wait (ns) of a schedstat line."""
+    return int(raw.split()[1])
+
+
+def deltas(start: Any, end: Any) -> tuple[int | None, int | None]:
+    """``(cpu_ns, runq_ns)`` between two readings; None where not measured.
+
+    Called by the writer thread, off the hot path. Negative differences (a counter that went
+    back: impossible for one thread) give None.
+    """
+    if start is None or end is None:
+        return None, None
+    if type(start) is tuple and type(end) is tuple:
+        cpu = end[0] - start[0]
+        runq = runq_ns(end[1]) - runq_ns(start[1])
+        return (cpu if cpu >= 0 else None), (runq if runq >= 0 else None)
+    c0 = start[0] if type(start) is tuple else start
+    c1 = end[0] if type(end) is tuple else end
+    cpu = c1 - c0
+    return (cpu if cpu >= 0 else None), None

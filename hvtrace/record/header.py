@@ -1,0 +1,96 @@
+"""The header of a rank's trace file: who recorded it, where, with what (see docs/format.md)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from hvtrace.clock import ClockEstimate
+from hvtrace.record.timers import monotonic_ns
+from hvtrace.schema import FORMAT_NAME, FORMAT_VERSION
+
+
+def build_header(
+    hvd: Any,
+    dist: Any,
+    model: Any,
+    run_id: str,
+    clock: ClockEstimate,
+    params: list,
+    device: Any,
+    timer: Any,
+    counters: str,
+) -> dict[str, Any]:
+    """Return the header of this rank's file.
+
+    ``params``: the gradient tensors' parameters; ``timer``: the span timer (host or CUDA);
+    ``counters``: how CPU time and run-queue wait are read (:class:`ThreadCounters.mode`).
+    """
+    mono = monotonic_ns()
+    wall = time.time_ns()
+    groups = getattr(dist, "_groups", None)
+    compression = getattr(dist, "_compression", None)
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "run_id": run_id,
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "time_namespace": _time_namespace(),
+        "pid": os.getpid(),
+        "device": str(device),
+        "timing": "cuda_events" if timer.is_cuda else "host_monotonic",
+        "cpu_counters": counters,
+        "torch_version": _version("torch"),
+        "horovod_version": _version("horovod"),
+        "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        "optimizer": {
+            "class": type(dist).__mro__[1].__name__,
+            "backward_passes_per_step": getattr(dist, "backward_passes_per_step", 1),
+            "compression": getattr(compression, "__name__", None) or type(compression).__name__,
+            "op": str(getattr(dist, "op", None)),
+            "gradient_predivide_factor": getattr(dist, "gradient_predivide_factor", 1.0),
+            "groups": groups if isinstance(groups, int | None) else f"list[{len(groups)}]",
+            "sparse_as_dense": getattr(dist, "sparse_as_dense", False),
+            "tensors": len(params),
+            "grad_bytes": int(sum(p.numel() * p.element_size() for p in params)),
+        },
+        "model": type(model).__name__ if model is not None else None,
+        "mono_anchor_ns": mono,
+        "wall_anchor_ns": wall,
+        "clock": {"method": "barrier-interval", "reference_rank": 0, "start": clock.to_dict()},
+        "cuda_anchor_uncertainty_ns": getattr(timer, "anchor_uncertainty_ns", None),
+    }
+
+
+def _boot_id() -> str | None:
+    """Return the kernel's boot id: ranks with equal boot ids share one CLOCK_MONOTONIC."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _time_namespace() -> str | None:
+    """Return this process's time namespace (``time:[4026531834]``): processes under one kernel
+    share CLOCK_MONOTONIC only when they share it too (a time namespace offsets the clock)."""
+    try:
+        return os.readlink("/proc/self/ns/time")
+    except OSError:
+        return None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,41 @@
+"""Horovod's module-level ``synchronize(handle)``, wrapped once to see when each handle's wait
+returns.
+
+``horovod.torch.optimizer.synchronize`` is the name Horovod's optimizers call, once per handle,
+inside their ``synchronize()``. The wrapper calls Horovod's function unchanged; while a traced
+optimizer is inside its own ``synchronize()`` (and only then: untraced optimizers pay one global
+lookup), it appends ``(handle, now())`` to that optimizer's list of observed completions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The traced optimizer's tracer while it is inside its own ``synchronize()``, else None. (Not a
+#: registry: the active tracer is :func:`hvtrace.record.recorder.active_tracer`.)
+observer: Any = None
+_patched = False
+
+
+def patch_module_synchronize() -> None:
+    """Install the wrapper (idempotent)."""
+    global _patched
+    if _patched:
+        return
+    import horovod.torch.optimizer as hopt
+
+    orig = hopt.synchronize
+
+    def synchronize(handle: Any) -> Any:
+        out = orig(handle)
+        obs = observer
+        if obs is not None:
+            try:
+                obs.done.append((handle, obs.now()))
+            except Exception as exc:  # noqa: BLE001 - never into training
+                obs.fail(exc)
+        return out
+
+    synchronize.__wrapped__ = orig  # type: ignore[attr-defined]
+    hopt.synchronize = synchronize
+    _patched = True

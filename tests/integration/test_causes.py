@@ -1,0 +1,85 @@
+"""Why a rank is late, on real ``horovodrun`` jobs: blocked, more work, or waiting for a CPU.
+
+Three launches of the demo trainer (2 ranks, Gloo), each with rank 1 slowed a different way:
+
+- it **sleeps** 25 ms in its forward (``--slow-kind sleep``): blocked;
+- it **computes** 25 ms more in its forward (``--slow-kind compute``, matrix products on the
+  training thread): more work;
+- nothing is injected into the job; each rank is pinned to its own core (``--pin-cores``) and a
+  busy process outside the job is pinned to rank 1's core: rank 1 waits for its CPU (contention).
+
+The analyzer must name rank 1 with that cause, from the CPU time and run-queue wait the recorder
+measured (``/proc/self/task/TID/schedstat``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_train, tail
+
+from hvtrace.analysis.summary import analyze
+from hvtrace.load import load_run
+
+pytestmark = [pytest.mark.horovod, pytest.mark.timeout(900)]
+
+COMMON = ["--steps", "40", "--width", "512", "--layers", "4", "--batch-size", "64"]
+
+
+def _analyze(tmp_path: Path, *args: str):
+    trace = tmp_path / "trace"
+    proc = run_train(*COMMON, "--trace-dir", str(trace), *args, cwd=tmp_path)
+    assert "rank 0: 40 steps" in proc.stdout, tail(proc.stderr)
+    return analyze(load_run(trace))
+
+
+def _the_straggler(a) -> dict:
+    s = a.stragglers
+    assert list(s["rank"]) == [1], (s.to_dict("records"), [f.message for f in a.findings])
+    return s.iloc[0].to_dict()
+
+
+@pytest.mark.parametrize(
+    "kind, cause", [("sleep", "blocked"), ("compute", "work")], ids=["sleep", "compute"]
+)
+def test_an_injected_delay_is_named_with_its_cause(tmp_path: Path, kind: str, cause: str) -> None:
+    a = _analyze(
+        tmp_path, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
+        "--slow-kind", kind,
+    )  # fmt: skip
+    s = _the_straggler(a)
+    assert s["phase"] == "forward" and s["cause"] == cause, s
+    # the part of that cause is most of the injected 25 ms, the others small
+    assert 18.0 <= s[f"{cause}_ms"] <= 32.0, s
+    for other in {"work", "contention", "blocked"} - {cause}:
+        assert abs(s[f"{other}_ms"]) < 8.0, s
+    finding = next(f for f in a.findings if f.data.get("rank") == 1)
+    assert f"({cause})" in finding.message
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs 2 cores and CPU affinity",
+)
+def test_a_busy_neighbour_on_the_ranks_core_is_contention(tmp_path: Path) -> None:
+    core = sorted(os.sched_getaffinity(0))[1]  # --pin-cores puts local rank 1 here
+    spin = f"import os; os.sched_setaffinity(0, {{{core}}}); x = 0\nwhile True:\n    x += 1"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        a = _analyze(tmp_path, "--pin-cores")
+    finally:
+        busy.kill()
+        busy.wait()
+    s = _the_straggler(a)
+    assert s["cause"] == "contention", s
+    assert s["contention_ms"] >= 0.5 * s["phase_excess_ms"] > 0, s
+    kinds = {f.kind for f in a.findings}
+    assert "contention" in kinds and "straggler" not in kinds, [f.message for f in a.findings]
+    # rank 1 waited for its CPU in most of its steps; rank 0 hardly
+    st = a.steps[a.steps["step"] >= 1]
+    runq = st.groupby("rank")["step_runq_ns"].median() / 1e6
+    assert runq[1] > 5 * max(runq[0], 0.2), runq.to_dict()

@@ -1,0 +1,127 @@
+"""Why a rank is late: its phase's excess split into work, contention and blocked.
+
+Synthetic runs (``bench/synth_run.py``) whose slow rank's extra time is made of CPU time, run-queue
+wait or neither, in the ``cpu_ns``/``runq_ns`` columns of format version 2; and the sample traces
+(format version 1, no such columns), which must analyze as before, without a cause.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import REPO_ROOT, synth_module
+
+from hvtrace.analysis.findings import cause_line
+from hvtrace.analysis.steps import step_rows
+from hvtrace.analysis.stragglers import split_cause
+from hvtrace.analysis.summary import analyze
+from hvtrace.export.report import analysis_to_dict
+from hvtrace.load import load_run, open_run
+from hvtrace.record.writer import compact_run
+from hvtrace.schema import KIND_CODE
+
+SAMPLES = REPO_ROOT / "sample_traces"
+
+
+def _synth(tmp_path: Path, **kw) -> Path:
+    args = {"ranks": 4, "steps": 30, "tensors": 4, "slow_rank": 2, "slow_ms": 8.0} | kw
+    synth_module().write_synth_run(tmp_path, **args)
+    return tmp_path
+
+
+@pytest.mark.parametrize("phase", ["input", "backward", "update"])
+@pytest.mark.parametrize("cause", ["work", "contention", "blocked"])
+def test_the_injected_cause_is_named_with_its_share(tmp_path: Path, phase: str, cause: str) -> None:
+    a = analyze(open_run(_synth(tmp_path, slow_phase=phase, slow_cause=cause)))
+    s = a.stragglers
+    assert list(s["rank"]) == [2]
+    row = s.iloc[0]
+    assert row["phase"] == phase and row["cause"] == cause
+    assert row[f"{cause}_ms"] == pytest.approx(8.0, abs=0.5)
+    for other in {"work", "contention", "blocked"} - {cause}:
+        assert abs(row[f"{other}_ms"]) < 0.5
+    parts = row["work_ms"] + row["contention_ms"] + row["blocked_ms"]
+    assert parts == pytest.approx(row["phase_excess_ms"], abs=1e-6)
+    # the JSON straggler carries the cause and its three parts
+    js = json.loads(json.dumps(analysis_to_dict(a)))["stragglers"][0]
+    assert js["cause"] == cause and js[f"{cause}_ms"] == pytest.approx(8.0, abs=0.5)
+    # the finding says why, in the words of that cause
+    f = next(f for f in a.findings if f.data.get("rank") == 2)
+    assert f.kind == ("contention" if cause == "contention" else "straggler")
+    words = {"work": "more CPU time", "contention": "waiting for a CPU", "blocked": "blocked"}
+    assert words[cause] in f.message and f"({cause})" in f.message
+    assert cause_line(row).startswith(f"rank 2: {phase} +")
+
+
+def test_contention_line_names_the_host(tmp_path: Path) -> None:
+    a = analyze(open_run(_synth(tmp_path, slow_phase="backward", slow_cause="contention")))
+    line = cause_line(a.stragglers.iloc[0])
+    host = a.stragglers.iloc[0]["host"]
+    assert f"waiting for a CPU on host {host} (contention)" in line
+
+
+def test_an_oversubscribed_balanced_run_says_contention(tmp_path: Path) -> None:
+    a = analyze(open_run(_synth(tmp_path, slow_rank=-1, runq_frac=0.3)))
+    assert a.stragglers.empty
+    f = [f for f in a.findings if f.kind == "contention"]
+    assert len(f) == 1 and "CPU contention on host" in f[0].message
+    assert f[0].data["step_share"] == pytest.approx(0.3, abs=0.06)
+    # not on a run without run-queue wait
+    b = analyze(open_run(_synth(tmp_path / "b", slow_rank=-1)))
+    assert not [f for f in b.findings if f.kind == "contention"]
+
+
+@pytest.mark.parametrize("sample", ["slow_rank1_forward_2rank", "slow_rank2_input_4rank"])
+def test_version_1_files_analyze_without_a_cause(tmp_path: Path, sample: str) -> None:
+    run = load_run(SAMPLES / sample)
+    a = analyze(run)
+    assert len(a.stragglers) and (a.stragglers["cause"] == "").all()
+    assert a.stragglers["work_ms"].isna().all()
+    assert not [c for c in a.steps.columns if c.endswith(("_cpu_ns", "_runq_ns"))]
+    assert run.spans["cpu_ns"].isna().all() and run.spans["runq_ns"].isna().all()
+    # compacted, a version 1 file stays version 1 and is read by DuckDB the same way
+    import shutil
+
+    shutil.copytree(SAMPLES / sample, tmp_path / "run")
+    compact_run(tmp_path / "run")
+    compacted = open_run(tmp_path / "run")
+    assert {rf.format for rf in compacted.files.values()} == {"parquet"}
+    assert {rf.header["version"] for rf in compacted.files.values()} == {1}
+    b = analyze(compacted)
+    assert list(b.stragglers["rank"]) == list(a.stragglers["rank"])
+    assert list(b.stragglers["phase"]) == list(a.stragglers["phase"])
+
+
+def test_step_rows_sums_causes_and_leaves_partly_measured_steps_unknown() -> None:
+    k = KIND_CODE
+    kinds = np.array([k["forward"], k["forward"], k["allreduce"], k["forward"], k["forward"]])
+    rows = step_rows(
+        np.zeros(5, np.int64),
+        np.array([0, 0, 0, 1, 1]),
+        kinds,
+        np.array([0, 10, 12, 100, 110]),
+        np.array([10, 20, 30, 110, 120]),
+        np.zeros(5, np.int64),
+        np.array([4.0, 5.0, np.nan, 3.0, np.nan]),
+        np.array([1.0, 2.0, np.nan, 1.0, 1.0]),
+    )
+    assert rows["forward_cpu_ns"].tolist()[0] == 9.0 and np.isnan(rows["forward_cpu_ns"][1])
+    assert rows["forward_runq_ns"].tolist() == [3.0, 2.0]
+    assert "backward_cpu_ns" not in rows.columns  # no backward spans: no column
+
+
+def test_split_cause_picks_the_largest_part() -> None:
+    assert split_cause(10.0, 1.0, 8.0)["cause"] == "contention"
+    assert split_cause(10.0, 1.0, 1.0) == {
+        "cause": "blocked",
+        "work_ms": 1.0,
+        "contention_ms": 1.0,
+        "blocked_ms": 8.0,
+    }
+    assert split_cause(10.0, 9.0, 0.0)["cause"] == "work"
+    unknown = split_cause(10.0, float("nan"), 0.0)
+    assert unknown["cause"] == "" and pd.isna(unknown["blocked_ms"])

@@ -1,0 +1,255 @@
+"""The training thread's CPU time and run-queue wait (hvtrace.record.cpustat), measured for real:
+busy loops, sleeps, a CPU shared with another busy process, through the recorder into the file."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from helpers import make_header
+
+import hvtrace
+from hvtrace.record import cpustat
+from hvtrace.record import recorder as recmod
+from hvtrace.record.cpustat import ThreadCounters, deltas
+from hvtrace.record.recorder import Recorder
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux counters")
+
+RUN = "20240101-000000-c0ffee"
+MS = 1_000_000
+
+
+def _busy(ns: int) -> None:
+    end = time.monotonic_ns() + ns
+    while time.monotonic_ns() < end:
+        pass
+
+
+def _measure(counters: ThreadCounters, fn, *args) -> tuple[int, int | None, int | None]:
+    """(wall, cpu, runq) ns of ``fn(*args)`` on this thread."""
+    t0, c0 = time.monotonic_ns(), counters.read()
+    fn(*args)
+    t1, c1 = time.monotonic_ns(), counters.read()
+    return (t1 - t0, *deltas(c0, c1))
+
+
+@pytest.fixture()
+def counters():
+    c = ThreadCounters()
+    yield c
+    c.close()
+
+
+def test_reading_is_raw_and_parsed_off_the_hot_path(counters: ThreadCounters) -> None:
+    if counters.mode != "schedstat":
+        pytest.skip("no /proc/self/task/TID/schedstat here")
+    cpu, raw = counters.read()
+    assert isinstance(cpu, int) and isinstance(raw, bytes)  # nothing parsed while recording
+    assert len(raw.split()) == 3
+    assert deltas((100, b"5 1000 3\n"), (350, b"5 1600 4\n")) == (250, 600)
+    assert deltas(100, 350) == (250, None)  # CPU clock only
+    assert deltas(None, (1, b"1 2 3")) == (None, None)
+
+
+def test_busy_loop_is_cpu_and_sleep_is_blocked(counters: ThreadCounters) -> None:
+    if counters.mode != "schedstat":
+        pytest.skip("no /proc/self/task/TID/schedstat here")
+    wall, cpu, runq = _measure(counters, _busy, 60 * MS)
+    # every ns of a busy loop is either on a CPU or waiting for one (other jobs on this machine)
+    assert cpu + runq == pytest.approx(wall, rel=0.1)
+    assert cpu > 0.3 * wall
+    wall, cpu, runq = _measure(counters, time.sleep, 0.06)
+    assert cpu < 0.1 * wall  # sleeping is neither CPU nor run queue: blocked
+    assert runq < 0.2 * wall
+
+
+def test_sharing_one_cpu_with_a_busy_process_shows_in_the_run_queue(
+    counters: ThreadCounters,
+) -> None:
+    if counters.mode != "schedstat" or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no schedstat or no CPU affinity here")
+    before = os.sched_getaffinity(0)
+    cpu_id = min(before)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu_id})
+        os.sched_setaffinity(0, {cpu_id})  # this thread only
+        _busy(20 * MS)  # let the scheduler settle both on the CPU
+        wall, cpu, runq = _measure(counters, _busy, 400 * MS)
+    finally:
+        os.sched_setaffinity(0, before)
+        hog.kill()
+        hog.wait()
+    # two busy tasks on one CPU: each runs about half the time and waits the other half (more
+    # when other jobs of this machine run there too)
+    assert cpu + runq == pytest.approx(wall, rel=0.1)
+    assert runq > 0.25 * wall and cpu < 0.75 * wall, (wall, cpu, runq)
+
+
+def test_readings_are_the_training_threads_whichever_thread_reads(
+    counters: ThreadCounters,
+) -> None:
+    """An autograd hook on another thread (CUDA) reads the training thread's counters."""
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(counters.read()))
+    t0, c0 = time.monotonic_ns(), counters.read()
+    _busy(30 * MS)
+    wall = time.monotonic_ns() - t0
+    t.start()
+    t.join()
+    cpu, runq = deltas(c0, seen[0])
+    assert cpu is not None
+    assert cpu + (runq or 0) >= 0.8 * wall  # this thread's busy loop, not the reader's
+
+
+def _recorded(tmp_path: Path, mode: str) -> dict[str, dict]:
+    """Record a busy and a sleeping user span through a real Recorder and writer; return the
+    rows of the closed (compacted) file by name."""
+    # (the writer thread flushes only at close: its GIL would block the busy loop for a while)
+    rec = Recorder(tmp_path, make_header(0, 1, RUN), flush_interval_s=1e6)
+    try:
+        assert rec.counters.mode == mode
+        recmod._set_active(rec)
+        with hvtrace.span("busy"):
+            _busy(50 * MS)
+        with hvtrace.span("sleep"):
+            time.sleep(0.05)
+        hvtrace.scalar("loss", 1.5)
+        done = threading.Event()
+
+        def other_thread() -> None:
+            with hvtrace.span("elsewhere"):  # not the training thread: not measured
+                _busy(MS)
+            done.set()
+
+        threading.Thread(target=other_thread).start()
+        assert done.wait(10)
+    finally:
+        recmod._set_active(None)
+        rec.close()
+        atexit.unregister(rec.close)
+    table = pq.read_table(rec.path.with_suffix(".parquet"))
+    assert json.loads(table.schema.metadata[b"hvtrace"])["rank"] == 0
+    return {r["name"]: r for r in table.to_pylist()}
+
+
+def test_spans_reach_the_file_with_their_counters(tmp_path: Path, restore_signals) -> None:
+    if ThreadCounters().mode != "schedstat":
+        pytest.skip("no /proc/self/task/TID/schedstat here")
+    rows = _recorded(tmp_path, "schedstat")
+    busy, sleep = rows["busy"], rows["sleep"]
+    wall = busy["end_ns"] - busy["start_ns"]
+    assert busy["cpu_ns"] + busy["runq_ns"] == pytest.approx(wall, rel=0.1)
+    assert busy["cpu_ns"] > 0.3 * wall
+    assert sleep["cpu_ns"] < 0.1 * (sleep["end_ns"] - sleep["start_ns"])
+    assert sleep["runq_ns"] is not None
+    for name in ("loss", "elsewhere"):
+        assert rows[name]["cpu_ns"] is None and rows[name]["runq_ns"] is None
+
+
+def test_without_schedstat_cpu_only(tmp_path: Path, monkeypatch, restore_signals) -> None:
+    monkeypatch.setattr(cpustat, "SCHEDSTAT_PATH", str(tmp_path / "missing" / "{tid}"))
+    c = ThreadCounters()
+    assert c.mode == "cputime"
+    assert isinstance(c.read(), int)
+    rows = _recorded(tmp_path, "cputime")
+    busy = rows["busy"]
+    assert busy["cpu_ns"] > 0.3 * (busy["end_ns"] - busy["start_ns"])
+    assert busy["runq_ns"] is None
+    assert rows["sleep"]["cpu_ns"] < 0.1 * (rows["sleep"]["end_ns"] - rows["sleep"]["start_ns"])
+
+
+def test_without_any_counter_nulls(tmp_path: Path, monkeypatch, restore_signals) -> None:
+    def no_clock(ident: int) -> int:
+        raise OSError("no thread CPU clock")
+
+    monkeypatch.setattr(time, "pthread_getcpuclockid", no_clock)
+    assert ThreadCounters().read() is None
+    rows = _recorded(tmp_path, "none")
+    assert rows["busy"]["cpu_ns"] is None and rows["busy"]["runq_ns"] is None
+
+
+@pytest.fixture()
+def restore_signals():
+    """A Recorder installs SIGTERM/SIGXFSZ handlers: put the previous ones back."""
+    import signal
+
+    saved = {
+        s: signal.getsignal(s) for s in (signal.SIGTERM, getattr(signal, "SIGXFSZ", None)) if s
+    }
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+TRACER_CHILD = r"""
+import json, sys
+import horovod.torch as hvd, torch
+from torch import nn
+import hvtrace
+hvd.init()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+opt = hvtrace.DistributedOptimizer(
+    torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters(),
+    trace_dir=sys.argv[1], model=m,
+)
+x = torch.randn(64, 32)
+for step in range(12):
+    with hvtrace.span("data"):
+        xb = x * 1.0
+    opt.zero_grad()
+    m(xb).sum().backward()
+    opt.step()
+hvtrace.finish(sync_clock=False)
+"""
+
+
+def test_tracer_phases_carry_counters_that_tile_the_step(tmp_path: Path) -> None:
+    """A real one-rank Horovod run: every phase span has counters, allreduces none; the phases'
+    counters (input, forward, backward, wait, update) add up to the step's."""
+    pytest.importorskip("horovod.torch")
+    if ThreadCounters().mode != "schedstat":
+        pytest.skip("no /proc/self/task/TID/schedstat here")
+    env = dict(os.environ, HOROVOD_ELASTIC="1", HOROVOD_CYCLE_TIME="0.1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-c", TRACER_CHILD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*.parquet")
+    rows = pq.read_table(path).to_pylist()
+    kinds = {r["kind"] for r in rows}
+    assert {"step", "input", "forward", "backward", "wait", "update", "allreduce"} <= kinds
+    for r in rows:
+        measured = r["kind"] in ("step", "input", "forward", "backward", "wait", "update", "user")
+        if r["name"] == "hvtrace.clock_sync":
+            measured = False
+        assert (r["cpu_ns"] is not None) == measured, r
+        assert (r["runq_ns"] is not None) == measured, r
+    # CPU + run queue fit in the wall time (up to a preemption between a boundary's timestamp
+    # and its reading, which moves a run-queue wait to the next span: summed over the run)
+    for kind in ("step", "input", "forward", "wait", "update", "user"):  # (backward: see Tracer)
+        mine = [r for r in rows if r["kind"] == kind and r["cpu_ns"] is not None]
+        counted = sum(r["cpu_ns"] + r["runq_ns"] for r in mine)
+        assert counted <= sum(r["end_ns"] - r["start_ns"] for r in mine) * 1.05 + 5_000_000, kind
+    for step in range(12):
+        mine = [r for r in rows if r["step"] == step and r["kind"] != "allreduce"]
+        by = {r["kind"]: r for r in mine if r["kind"] != "user"}
+        # one reading per boundary, shared: the phases' counters add up to the step's exactly
+        for col in ("cpu_ns", "runq_ns"):
+            parts = sum(by[k][col] for k in ("input", "forward", "backward", "wait", "update"))
+            assert parts == by["step"][col], (step, col)
