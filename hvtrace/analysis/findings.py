@@ -266,7 +266,7 @@ def _contention(a: Analysis) -> list[Finding]:
                 {"host": host, "ranks": [int(r) for r in g.index], "step_share": share},
             )
         )
-    return out
+    return sorted(out, key=lambda f: -f.data["step_share"])  # the most starved host first
 
 
 def _phase_words(phase: str, vr: pd.Series) -> str:

@@ -332,6 +332,7 @@ class Tracer:
             key = id(p)
             if key not in self.meta:
                 self._learn(key, (p,), out)
+            # _enqueued, inlined: this runs once per gradient tensor
             self.enqueued.append((t, key, out))
             self.rec.between_steps = False
             if not self.in_sync:

@@ -5,7 +5,8 @@ what is there into one Arrow record batch, appends it to the rank's ``.arrows`` 
 the file to the OS, so after a SIGKILL everything older than about one interval is on disk and the
 file stays readable (a stream has no footer to lose). Any error here disables recording with one
 warning; nothing is ever raised into training. A cleanly closed stream is compacted into a Parquet
-file beside it (:func:`compact`; :func:`compact_run` does it afterwards for a run's leftovers).
+file beside it (:func:`compact`; :func:`compact_run` does it afterwards for a run's leftovers), in
+a child process (:func:`compact_in_child`) so that the rank's own memory does not grow by it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import stat
+import subprocess
 import sys
 import tempfile
 import threading
@@ -237,6 +239,52 @@ class CompactResult:
     def done(self) -> bool:
         """True when the spans now live in ``target`` and the stream is gone."""
         return self.action in ("compacted", "resumed")
+
+
+#: How long a rank waits at close for the child that compacts its file (it then goes on exiting;
+#: the child finishes on its own).
+COMPACT_CHILD_WAIT_S = 60.0
+
+
+def compact_in_child(
+    path: str | os.PathLike, wait_s: float = COMPACT_CHILD_WAIT_S
+) -> CompactResult:
+    """:func:`compact` a closed stream in a child Python process, and wait for it.
+
+    Compacting in the rank itself grows the rank's peak memory by the Parquet writer, the sort
+    and the allocator's arenas: 24-36 MB measured per rank (``bench/overhead.py``), more than the
+    recording. The child (``python -m hvtrace.record.compact_child PATH``) prints its result as
+    JSON.
+    Where the child cannot be started or fails before publishing the Parquet file, the rank
+    compacts in-process, as before; a child still running after ``wait_s`` is left to finish
+    (the stream is complete either way, and ``hvtrace compact`` finishes what it leaves).
+    """
+    src = Path(path)
+    cmd = [sys.executable, "-m", "hvtrace.record.compact_child", str(src)]
+    try:
+        child = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+    except OSError as exc:
+        log.debug("hvtrace: cannot start a compaction process (%s); compacting here", exc)
+        return compact(src, live_check=False)
+    try:
+        out, _ = child.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return CompactResult(
+            src, src.with_suffix(PARQUET_SUFFIX), "kept", reason="still compacting"
+        )
+    try:
+        res = json.loads(out)
+        return CompactResult(src, Path(res.pop("target")), **res)
+    except (ValueError, TypeError, KeyError):
+        pass
+    if src.exists():  # the child failed (no hvtrace importable there?): compact here
+        log.debug(
+            "hvtrace: the compaction process failed (exit %s); compacting here", child.returncode
+        )
+        return compact(src, live_check=False)
+    return CompactResult(src, src.with_suffix(PARQUET_SUFFIX), "compacted")
 
 
 def compact(
@@ -719,7 +767,7 @@ class BackgroundWriter:
                 self._stream_closed = True
                 if self.compact_on_close:
                     try:
-                        self.compacted = compact(path, live_check=False)
+                        self.compacted = compact_in_child(path)
                         if not self.compacted.done:
                             log.debug(
                                 "hvtrace: %s not compacted (%s); kept as written",

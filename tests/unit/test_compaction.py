@@ -204,6 +204,34 @@ def test_unclosed_file_is_not_compacted(tmp_path: Path) -> None:
     assert f.spans == 2000 and not f.complete
 
 
+def test_close_compacts_in_a_child_process(tmp_path: Path, monkeypatch) -> None:
+    """The rank's own process never compacts (its memory would grow by the Parquet writer): with
+    in-process compaction made to fail, closing still leaves a Parquet file, written by the
+    child."""
+    import hvtrace.record.writer as w
+
+    def not_here(*a, **k):
+        raise AssertionError("compacted in the rank's process")
+
+    rec = _record(tmp_path, 1000)
+    monkeypatch.setattr(w, "compact", not_here)
+    rec.close()
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".parquet"]
+    assert rec.writer is None
+    rf = read_rank_file(rec.path.with_suffix(".parquet"))
+    assert rf.complete and rf.spans == 1000
+
+
+def test_without_a_child_process_the_rank_compacts_itself(tmp_path: Path, monkeypatch) -> None:
+    import hvtrace.record.writer as w
+
+    rec = _record(tmp_path, 500)
+    monkeypatch.setattr(w.sys, "executable", str(tmp_path / "no-such-python"))
+    rec.close()
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".parquet"]
+    assert read_rank_file(rec.path.with_suffix(".parquet")).spans == 500
+
+
 def test_compaction_failure_leaves_the_stream(tmp_path: Path, monkeypatch) -> None:
     import hvtrace.record.writer as w
 
@@ -212,6 +240,7 @@ def test_compaction_failure_leaves_the_stream(tmp_path: Path, monkeypatch) -> No
 
     rec = _record(tmp_path, 1000)
     monkeypatch.setattr(w, "_write_parquet", boom)
+    monkeypatch.setattr(w, "compact_in_child", lambda p: w.compact(p, live_check=False))
     rec.close()  # never raises into training
     assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]
     rf = read_rank_file(rec.path)
