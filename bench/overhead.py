@@ -464,12 +464,17 @@ def run_once(
         raise RuntimeError(
             f"{model}/{mode} round {rnd}: horovodrun exited {proc.returncode}:\n{tail}"
         )
-    per_rank = []
-    for r in range(args.np):
-        f = d / f"steps-{r}.json"
-        if not f.exists():
-            raise RuntimeError(f"{model}/{mode} round {rnd}: rank {r} wrote no {f.name}")
-        per_rank.append(json.loads(f.read_text()))
+
+    def ranks_json(stem: str) -> list[dict[str, Any]]:
+        out = []
+        for r in range(args.np):
+            f = d / f"{stem}-{r}.json"
+            if not f.exists():
+                raise RuntimeError(f"{model}/{mode} round {rnd}: rank {r} wrote no {f.name}")
+            out.append(json.loads(f.read_text()))
+        return out
+
+    per_rank = ranks_json("steps")
     steps = [statistics.fmean(ts) for ts in zip(*(pr["step_s"] for pr in per_rank))]
     nbytes, nfiles = _dir_bytes(out)
     res = RunResult(
@@ -484,12 +489,7 @@ def run_once(
         sum(pr.get("loop_cpu_s", 0.0) for pr in per_rank) / args.steps,
     )
     res.traced = [bool(x) for x in per_rank[0].get("traced", [])]
-    procs = []
-    for r in range(args.np):
-        f = d / f"rank-{r}.json"
-        if not f.exists():
-            raise RuntimeError(f"{model}/{mode} round {rnd}: rank {r} wrote no {f.name}")
-        procs.append(json.loads(f.read_text()))
+    procs = ranks_json("rank")
     res.job_cpu_s = [p["cpu_s"] for p in procs]
     res.maxrss_mb = [p["maxrss_mb"] for p in procs]
     res.marks, res.modules = procs[0]["marks"], procs[0]["modules"]

@@ -324,15 +324,21 @@ class Tracer:
                 self.fail(exc)
 
     def _allreduce_grad_async(self, p: Any) -> Any:
+        return self._traced(self._orig_allreduce, p, id(p))
+
+    def _grouped_allreduce_grad_async(self, ps: Any) -> Any:
+        return self._traced(self._orig_grouped, ps, tuple(map(id, ps)))
+
+    def _traced(self, orig: Any, arg: Any, key: Any) -> Any:
+        """Enqueue one allreduce (a tensor, or a group: ``key`` a tuple of ids) through Horovod's
+        ``orig`` and note its enqueue time; its tensors' metadata is learned the first time."""
         if not self.rec.enabled:
-            return self._orig_allreduce(p)
+            return orig(arg)
         t = self.now()
-        out = self._orig_allreduce(p)
+        out = orig(arg)
         try:
-            key = id(p)
             if key not in self.meta:
-                self._learn(key, (p,), out)
-            # _enqueued, inlined: this runs once per gradient tensor
+                self._learn(key, tuple(arg) if type(key) is tuple else (arg,), out)
             self.enqueued.append((t, key, out))
             self.rec.between_steps = False
             if not self.in_sync:
@@ -342,28 +348,6 @@ class Tracer:
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return out
-
-    def _grouped_allreduce_grad_async(self, ps: Any) -> Any:
-        if not self.rec.enabled:
-            return self._orig_grouped(ps)
-        t = self.now()
-        out = self._orig_grouped(ps)
-        try:
-            key = tuple(map(id, ps))
-            if key not in self.meta:
-                self._learn(key, tuple(ps), out)
-            self._enqueued(t, key, out)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        return out
-
-    def _enqueued(self, t: Any, key: Any, out: Any) -> None:
-        self.enqueued.append((t, key, out))
-        self.rec.between_steps = False
-        if not self.in_sync:
-            self.last_grad = t
-            if t >= self.next_poll:  # host timer only (never on CUDA)
-                self._poll_done(t)
 
     def _poll_done(self, t: int) -> None:
         """Note the allreduces that completed since the last look (oldest first)."""
