@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
+from hvtrace.record.netstat import merge_connections
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -81,6 +82,8 @@ class RankFile:
     last_step: int = -1  # the rank's step counter at its last flush
     writer_cpu_s: float = 0.0  # CPU time hvtrace's writer spent on this file (as last reported)
     clock: list[ClockEstimate] = field(default_factory=list)  # the estimates used to align
+    #: The rank's TCP connections as last sampled (:mod:`hvtrace.record.netstat`), unchecked.
+    tcp: list[dict[str, Any]] = field(default_factory=list)
     #: Barrier-round estimates as recorded (kept as a check when ``same_clock`` made them moot).
     clock_measured: list[ClockEstimate] = field(default_factory=list)
     #: True when this rank ran on rank 0's kernel (same boot id): one clock, offset exactly 0.
@@ -825,6 +828,8 @@ def _apply_status(rf: RankFile, st: dict[str, Any]) -> None:
         rf.complete = rf.complete or bool(st.get("final"))
         rf.writer_cpu_s = max(rf.writer_cpu_s, float(st.get("writer_cpu_s", 0.0)))
         rf.clock.extend(ClockEstimate.from_dict(c) for c in st.get("clock", []))
+        if "tcp" in st:
+            rf.tcp = merge_connections(rf.tcp, st["tcp"])
     except (ValueError, TypeError, KeyError, AttributeError):
         pass  # a damaged status does not make the spans unusable
 

@@ -2,15 +2,16 @@
 # A cluster of Horovod hosts on one Linux machine, made of namespaces (needs root).
 #
 #   scripts/cluster.sh up --hosts N [--clock-offset-s S] [--link-mbit M] [--link-delay-ms D]
-#                         [--cpu-pct K=PCT ...]
+#                         [--link-hosts K,K...] [--cpu-pct K=PCT ...]
 #   scripts/cluster.sh run --np P -- COMMAND ARGS...
 #   scripts/cluster.sh down
 #   scripts/cluster.sh status
 #
 # Host k (1..N) is a network namespace `hvc<k>` with its own address 10.231.0.<k> on a bridge, its
 # own hostname `hvc<k>` (UTS namespace), its own CLOCK_MONOTONIC offset by (k-1) x S seconds (a
-# time namespace; host 1 keeps the machine's clock) and an sshd. The links of hosts 2..N can be
-# shaped (netem: rate M Mbit/s and delay D ms, each direction), and host K's processes together
+# time namespace; host 1 keeps the machine's clock) and an sshd. The links of hosts 2..N (or of
+# the hosts --link-hosts lists) can be shaped (rate M Mbit/s: tbf; with a delay of D ms: netem;
+# each direction), and host K's processes together
 # limited to PCT % of one CPU (a cgroup v1 cpu quota: a slow host). `run` launches COMMAND with the
 # real `horovodrun --gloo -H 10.231.0.1:p,10.231.0.2:p,...` from host 1 (ranks in host order, p
 # per host), in the caller's working directory (one file system: namespaces share it), and exits
@@ -57,18 +58,21 @@ down() {
 }
 
 up() {
-  local n=2 offset=0 mbit="" delay="" cpu=()
+  local n=2 offset=0 mbit="" delay="" cpu=() shaped=
   while [ $# -gt 0 ]; do
     case "$1" in
       --hosts) n=$2; shift 2 ;;
       --clock-offset-s) offset=$2; shift 2 ;;
       --link-mbit) mbit=$2; shift 2 ;;
       --link-delay-ms) delay=$2; shift 2 ;;
+      --link-hosts) shaped=$2; shift 2 ;;
       --cpu-pct) cpu+=("$2"); shift 2 ;;
       *) die "up: unknown option $1" ;;
     esac
   done
   [[ "$n" =~ ^[1-8]$ ]] || die "--hosts must be 1..8"
+  [[ "$shaped" =~ ^[1-8](,[1-8])*$ ]] || [ -z "$shaped" ] || die "--link-hosts: host numbers, e.g. 2,3"
+  [ -n "$shaped" ] || shaped=$(seq -s, 2 "$n")
   need_root
   command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || die "no sshd (apt-get install openssh-server)"
   [ -x "$HOROVODRUN" ] || die "no horovodrun at $HOROVODRUN (make setup)"
@@ -99,7 +103,7 @@ up() {
     ip -n "$PREFIX$k" addr add "$NET.$k/24" dev eth0
     ip -n "$PREFIX$k" link set eth0 up
     ip -n "$PREFIX$k" link set lo up
-    if [ "$k" -gt 1 ] && { [ -n "$mbit" ] || [ -n "$delay" ]; }; then
+    if [[ ",$shaped," == *",$k,"* ]] && { [ -n "$mbit" ] || [ -n "$delay" ]; }; then
       # each direction of host k's link: out of its eth0, and into it (the bridge side's veth)
       local dev ns
       for dev in "eth0@$PREFIX$k" "${PREFIX}v$k@"; do
@@ -170,7 +174,7 @@ EOF
       sleep 0.1
     done
   done
-  log "up: $n host(s) ${PREFIX}1..${PREFIX}$n at $NET.1..$NET.$n; clock offset ${offset} s per host; link ${mbit:-unshaped} mbit ${delay:-0} ms; cpu ${cpu[*]:-unlimited}"
+  log "up: $n host(s) ${PREFIX}1..${PREFIX}$n at $NET.1..$NET.$n; clock offset ${offset} s per host; link ${mbit:-unshaped} mbit ${delay:-0} ms (hosts ${shaped:-none}); cpu ${cpu[*]:-unlimited}"
 }
 
 run() {

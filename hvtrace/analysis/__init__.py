@@ -12,6 +12,8 @@ the engine's summaries. The building blocks, for a dashboard or a notebook:
   :func:`user_summary`, :func:`step_summary` (per step, across ranks);
 - :func:`collective_table`, :func:`tensor_table`, :func:`step_comm_table` (allreduce bandwidth);
 - :func:`straggler_table`, :func:`find_stragglers`, :func:`slow_hosts`, :func:`arrival_table`;
+- :func:`connection_rows`, :func:`link_table`, :func:`limiting_link` (links between hosts, from
+  the ranks' TCP counters);
 - :func:`make_findings`;
 - :func:`union_ns`, :func:`intersection_ns`, :func:`merge_intervals` (vectorized intervals).
 """
@@ -25,6 +27,7 @@ from hvtrace.analysis.bandwidth import (
     tensor_table,
 )
 from hvtrace.analysis.findings import Finding, make_findings
+from hvtrace.analysis.links import connection_rows, limiting_link, link_table
 from hvtrace.analysis.overlap import intersection_ns, merge_intervals, union_ns
 from hvtrace.analysis.steps import (
     PHASES,
@@ -66,8 +69,11 @@ __all__ = [
     "clock_uncertainty_ns",
     "collective_table",
     "comm_summary",
+    "connection_rows",
     "find_stragglers",
     "intersection_ns",
+    "limiting_link",
+    "link_table",
     "make_findings",
     "median_of_others",
     "merge_intervals",

@@ -14,9 +14,10 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.analysis.stragglers import StragglerConfig, median_of_others
+from hvtrace.analysis.stragglers import StragglerConfig, host_contention, median_of_others
 from hvtrace.units import format_bytes
 
 #: A run is communication-bound when at least this share of its steps is (see step_summary).
@@ -24,12 +25,12 @@ COMM_BOUND_STEPS: Final = 0.5
 #: "Many small allreduces": at least this many tensors per step, median size below SMALL_BYTES.
 MANY_TENSORS: Final = 50
 SMALL_BYTES: Final = 256 * 1024
+#: A straggler or slow host that costs the job less than this share of the run (the what-if
+#: replay: :mod:`hvtrace.analysis.whatif`) is reported as info, not as a warning.
+STRAGGLER_WARN_SHARE: Final = 0.02
 #: Rank 0's extra time between steps must be this share of the step (median) or of the run.
 RANK0_STEP_SHARE: Final = 0.10
 RANK0_RUN_SHARE: Final = 0.05
-#: A host's ranks are short of CPUs when their median run-queue wait is this share of the step.
-CONTENTION_STEP_SHARE: Final = 0.10
-
 #: What each cause of a slow phase means, and what to do about it (see stragglers.split_cause).
 CAUSE_WORDS: Final[dict[str, tuple[str, str, str]]] = {
     # cause: (what the part is, heading, advice)
@@ -140,18 +141,35 @@ def _run_state(a: Analysis) -> list[Finding]:
 
 
 # -- stragglers ------------------------------------------------------------------------------------
+def _cost_words(row: pd.Series) -> tuple[str, str, dict[str, Any]]:
+    """What a straggler or slow host costs: a clause, the finding's severity, and data."""
+    lost, share = row.get("lost_ms_per_step"), row.get("lost_share")
+    if lost is None or not np.isfinite(lost):
+        return "", "warning", {}
+    sev = "warning" if share >= STRAGGLER_WARN_SHARE else "info"
+    small = "" if sev == "warning" else f", under {STRAGGLER_WARN_SHARE:.0%}: minor"
+    return (
+        f"; it costs the job {lost:.1f} ms per step ({share:.1%} of the run{small})",
+        sev,
+        {"lost_ms_per_step": _f(lost), "lost_share": _f(share)},
+    )
+
+
 def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
+    """Slow hosts and stragglers with what each costs, the costliest first."""
     out = []
     for _, h in a.slow_hosts.iterrows():
+        costs, sev, cdata = _cost_words(h)
         out.append(
             Finding(
                 "slow_host",
-                "warning",
+                sev,
                 f"host {h['host']} is slow: all its ranks ({_list(h['ranks'])}) arrive late, "
                 f"median {h['late_ms']:.1f} ms; the last rank is on it in {h['last_share']:.0%} "
                 f"of steps"
                 + (f"; slow phase: {h['phase']}" if h["phase"] else "")
-                + (f" ({CAUSE_WORDS[h['cause']][0]}: {h['cause']})" if h.get("cause") else ""),
+                + (f" ({CAUSE_WORDS[h['cause']][0]}: {h['cause']})" if h.get("cause") else "")
+                + costs,
                 float(h["late_ms"]),
                 "ms",
                 {
@@ -159,6 +177,7 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
                     "ranks": list(h["ranks"]),
                     "phase": h["phase"],
                     "cause": h.get("cause", ""),
+                    **cdata,
                 },
             )
         )
@@ -187,6 +206,8 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
                 f"{head}: {where} in {vr['work_share']:.0%} of steps "
                 f"(it is last in {s['last_share']:.0%}, median {s['late_ms']:.1f} ms late)"
             )
+        costs, sev, cdata = _cost_words(s)
+        msg += costs
         if cause:
             msg += f"; {CAUSE_WORDS[cause][2]}"
         elif r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
@@ -198,17 +219,19 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         if cause:
             data["cause"] = cause
             data.update({f"{c}_ms": _f(s[f"{c}_ms"]) for c in ("work", "contention", "blocked")})
+        data.update(cdata)
         out.append(
             Finding(
                 "contention" if cause == "contention" else "straggler",
-                "warning",
+                sev,
                 msg,
                 float(s["late_ms"]),
                 "ms",
                 data,
             )
         )
-    return out
+    # the costliest first (stable: slow hosts before their ranks' peers when equal)
+    return sorted(out, key=lambda f: -(f.data.get("lost_ms_per_step") or 0.0))
 
 
 def cause_clause(s: pd.Series) -> str:
@@ -234,36 +257,25 @@ def cause_line(s: pd.Series) -> str:
 def _contention(a: Analysis) -> list[Finding]:
     """Hosts whose ranks wait for a CPU a good share of every step (oversubscribed), straggler
     or not: on a balanced run the contention is the finding, not a phase."""
-    s = analyzed_steps(a.steps, a.skip_steps)
-    if s.empty or "step_runq_ns" not in s.columns:
-        return []
-    per_rank = s.groupby("rank")[["step_runq_ns", "step_ns"]].median()
-    per_rank["host"] = [a.hosts.get(int(r), "?") for r in per_rank.index]
     st = a.stragglers
     advised = set(st.loc[st["cause"] == "contention", "host"]) if "cause" in st else set()
     out = []
-    for host, g in per_rank.groupby("host", sort=True):
-        runq_ms = float(g["step_runq_ns"].median()) / 1e6
-        step_ms = float(g["step_ns"].median()) / 1e6
-        if not (np.isfinite(runq_ms) and step_ms > 0):
+    for h in host_contention(a.steps, a.skip_steps, a.hosts).itertuples():
+        if not h.short:
             continue
-        share = runq_ms / step_ms
-        if share < CONTENTION_STEP_SHARE:
-            continue
-        worst = g["step_runq_ns"].idxmax()
-        where = f"host {host}" if host != "?" else "this host"
+        where = f"host {h.host}" if h.host != "?" else "this host"
         out.append(
             Finding(
                 "contention",
                 "warning",
-                f"CPU contention on {where}: its ranks ({_list([int(r) for r in g.index])}) wait "
-                f"a median {runq_ms:.1f} ms per step ({share:.0%} of the step) runnable but "
-                f"without a CPU (most: rank {int(worst)}, "
-                f"{float(g.loc[worst, 'step_runq_ns']) / 1e6:.1f} ms)"
-                + ("" if host in advised else "; " + CAUSE_WORDS["contention"][2]),
-                runq_ms,
+                f"CPU contention on {where}: its ranks ({_list(h.ranks)}) wait "
+                f"a median {h.runq_ms:.1f} ms per step ({h.step_share:.0%} of the step) runnable "
+                f"but without a CPU (most: rank {h.worst_rank}, "
+                f"{h.worst_runq_ms:.1f} ms)"
+                + ("" if h.host in advised else "; " + CAUSE_WORDS["contention"][2]),
+                h.runq_ms,
                 "ms",
-                {"host": host, "ranks": [int(r) for r in g.index], "step_share": share},
+                {"host": h.host, "ranks": list(h.ranks), "step_share": h.step_share},
             )
         )
     return sorted(out, key=lambda f: -f.data["step_share"])  # the most starved host first
@@ -426,6 +438,27 @@ def _comm_bound(a: Analysis) -> list[Finding]:
         f"{_compression(a.optimizer)}), {_knob(env, 'HOROVOD_FUSION_THRESHOLD')}, "
         f"{_knob(env, 'HOROVOD_CYCLE_TIME')}"
     )
+    lim = a.limiting_link
+    if lim is not None and lim["limits"]:
+        msg += (
+            f". The network is the limit: {link_words(lim)} carried data at "
+            f"{_rate(lim['rate_gbps'])} while busy, and the allreduces reached "
+            f"{lim['busbw_share']:.0%} of that (bus bandwidth {_rate(a.comm['busbw_gbps'])}); "
+            "a faster link there, or fewer bytes (fp16 compression), helps more than the knobs"
+        )
+    elif lim is not None and lim["cpu_short_hosts"]:
+        msg += (
+            f". The links carried data at {_rate(lim['rate_gbps'])} at the slowest while busy "
+            f"(the allreduces reached {lim['busbw_share']:.0%} of that), but the hosts at the "
+            f"slowest links' ends ({', '.join(lim['cpu_short_hosts'])}) wait for a CPU (see the "
+            "contention findings), and TCP through a CPU-starved host is slow on any link: give "
+            "the hosts CPU before blaming the network"
+        )
+    elif lim is not None and np.isfinite(lim["busbw_share"]):
+        msg += (
+            f". The links are not the limit: the slowest carried data at {_rate(lim['rate_gbps'])}"
+            f" while busy, and the allreduces reached only {lim['busbw_share']:.0%} of that"
+        )
     return [
         Finding(
             "comm_bound",
@@ -439,9 +472,17 @@ def _comm_bound(a: Analysis) -> list[Finding]:
                 "step_ms": step_ms,
                 "comm_compute_ratio": _f(ratio),
                 "overlap": _f(ov),
+                "limiting_link": lim if lim is not None and lim["limits"] else None,
             },
         )
     ]
+
+
+def _rate(gbps: float) -> str:
+    """A link rate in GB/s and Gbit/s: "0.0236 GB/s (189 Mbit/s)"."""
+    mbit = gbps * 8e3
+    bits = f"{mbit / 1e3:.3g} Gbit/s" if mbit >= 1000 else f"{mbit:.3g} Mbit/s"
+    return f"{gbps:.3g} GB/s ({bits})"
 
 
 def _small_allreduces(a: Analysis) -> list[Finding]:

@@ -60,7 +60,11 @@ class Analysis:
     - ``per_step``: :func:`hvtrace.analysis.summary.step_summary` (one row per step, ms);
     - ``collectives`` / ``tensors`` / ``step_comm``: :mod:`hvtrace.analysis.bandwidth`;
     - ``verdicts``: :func:`hvtrace.analysis.stragglers.straggler_table` (every rank);
-      ``stragglers``: the named ones; ``slow_hosts``: hosts whose ranks are all late;
+      ``stragglers``: the named ones; ``slow_hosts``: hosts whose ranks are all late (both with
+      what they cost the job: ``lost_ms_per_step``, ``lost_share``, see
+      :mod:`hvtrace.analysis.whatif`);
+    - ``links`` / ``limiting_link``: :mod:`hvtrace.analysis.links` (host-to-host rates from the
+      ranks' TCP counters; empty / None for a frame or a run on one host);
     - ``findings``: short actionable lines, each with the number behind it.
 
     ``step_range``: the steps selected (None: the whole run).
@@ -104,6 +108,10 @@ class Analysis:
     #: The engine that ran the per-rank pass: ``{"name": "duckdb"}`` (this process) or
     #: ``{"name": "dask", "scheduler", "tasks", "tasks_by_worker"}``; empty for a frame.
     engine: dict[str, Any] = field(default_factory=dict)
+    #: :func:`hvtrace.analysis.whatif.whatif_summary` (empty when it cannot be replayed).
+    whatif: dict[str, Any] = field(default_factory=dict)
+    links: pd.DataFrame = field(default_factory=pd.DataFrame)
+    limiting_link: dict[str, Any] | None = None
 
     @property
     def analyzed(self) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from hvtrace.analysis.bandwidth import (
     tensor_table,
 )
 from hvtrace.analysis.findings import make_findings
+from hvtrace.analysis.links import connection_rows, limiting_link, link_table
 from hvtrace.analysis.model import Analysis, Finding, RankState
 from hvtrace.analysis.steps import (
     rank_summary,
@@ -30,10 +31,12 @@ from hvtrace.analysis.stragglers import (
     StragglerConfig,
     clock_uncertainty_ns,
     find_stragglers,
+    host_contention,
     mark_host_stragglers,
     slow_hosts,
     straggler_table,
 )
+from hvtrace.analysis.whatif import add_costs, step_model, whatif_summary
 from hvtrace.selection import StepRange
 
 #: A step counts as communication-bound when the last rank to arrive (which waited for nobody)
@@ -133,6 +136,9 @@ def analyze_tables(
     verdicts = straggler_table(st, users, hosts, clock_uncertainty, skip_steps, config)
     hosts_df = slow_hosts(verdicts, st, skip_steps, config)
     verdicts = mark_host_stragglers(verdicts, hosts_df)
+    named = find_stragglers(verdicts)
+    model = step_model(st, skip_steps)
+    named, hosts_df = add_costs(model, named), add_costs(model, hosts_df)
     a = Analysis(
         run_id=run_id,
         size=size,
@@ -150,8 +156,9 @@ def analyze_tables(
         step_comm=sc,
         comm=comm_summary(st, sc, coll, skip_steps),
         verdicts=verdicts,
-        stragglers=find_stragglers(verdicts),
+        stragglers=named,
         slow_hosts=hosts_df,
+        whatif=whatif_summary(model, named, hosts_df),
         clock_uncertainty_ns=dict(clock_uncertainty or {}),
         horovod_env=dict(horovod_env or {}),
         optimizer=dict(optimizer or {}),
@@ -329,6 +336,13 @@ def analyze(
     a.timing = str(h0.get("timing") or "")
     a.clock = run.clock_summary()
     a.clock_ranks = run.clock_table()
+    a.links = link_table(connection_rows(run.files, run.hosts))
+    cont = host_contention(a.steps, a.skip_steps, a.hosts)
+    a.limiting_link = limiting_link(
+        a.links,
+        a.comm.get("busbw_gbps", float("nan")),
+        dict(zip(cont["host"], cont["step_share"].astype(float))),
+    )
     a.problems = list(run.problems) + salvaged
     a.missing_ranks = list(run.missing_ranks)
     a.rank_states = [

@@ -76,6 +76,21 @@ class SlowForward(nn.Module):
         return self.inner(x)
 
 
+def slow_backward(model: MLP, delay_s: float, kind: str = "sleep") -> None:
+    """Spend ``delay_s`` inside every backward pass of ``model`` (an injected straggler): a
+    gradient hook on its first layer's output, which runs late in the backward pass, after the
+    later layers' gradients and before the first layer's."""
+
+    def on_grad(grad: torch.Tensor) -> None:
+        delay(delay_s, kind)
+
+    def on_forward(module: nn.Module, args: Any, out: torch.Tensor) -> None:
+        if out.requires_grad:
+            out.register_hook(on_grad)
+
+    model.net[0].register_forward_hook(on_forward)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
@@ -94,7 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--slow-ms", type=float, default=0.0, help="delay added on --slow-rank / --slow-host"
     )
-    p.add_argument("--slow-phase", choices=["forward", "input", "update"], default="forward")
+    p.add_argument(
+        "--slow-phase", choices=["forward", "backward", "input", "update"], default="forward"
+    )
     p.add_argument(
         "--slow-kind",
         choices=["sleep", "compute"],
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         if slow and args.slow_phase == "forward"
         else core
     )
+    if slow and args.slow_phase == "backward":
+        slow_backward(core, args.slow_ms / 1e3, args.slow_kind)
     base = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     kwargs = dict(
         # the core's names: SlowForward would prefix 'inner.' on the slowed rank only, and

@@ -89,6 +89,67 @@ def _table(headers: list[tuple[str, int, str]], rows: list[list[str]]) -> list[s
     return out
 
 
+def _gain_lines(a: Analysis, w: int) -> list[str]:
+    """What the job would gain without its stragglers (the what-if), near the top."""
+    wi = a.whatif
+    if not wi or not wi.get("ranks"):
+        return []
+    who = [f"rank {int(s['rank'])} {_num(s['lost_ms_per_step'])} ms"
+           for _, s in a.stragglers.iterrows()]  # fmt: skip
+    who += [f"host {h['host']} {_num(h['lost_ms_per_step'])} ms"
+            for _, h in a.slow_hosts.iterrows()]  # fmt: skip
+    return wrap(
+        f"what the stragglers cost: without them a step would take about "
+        f"{_num(wi['step_ms_without_stragglers'])} ms instead of {_num(wi['step_ms'])} ms, "
+        f"{_num(wi['lost_ms_per_step'])} ms per step or {_pct(wi['lost_share'])} of the run "
+        f"(each alone: {'; '.join(who)} per step; a what-if replay of {wi['steps']} steps)",
+        w,
+        "! " if wi["lost_share"] >= 0.02 else "- ",
+        "  ",
+    )
+
+
+def _links_section(a: Analysis, w: int) -> list[str]:
+    """The host-to-host links the ranks' TCP counters measured (nothing on one host)."""
+    k = a.links
+    if k is None or k.empty:
+        return []
+    L = ["", "Links between hosts (the ranks' TCP connections, whole run)"]
+    headers = [
+        ("from", 12, "<"),
+        ("to", 12, "<"),
+        ("bytes", 10, ">"),
+        ("busy s", 8, ">"),
+        ("rate", 8, ">"),
+        ("Mbit/s", 8, ">"),
+        ("rtt ms", 7, ">"),
+        ("retrans", 7, ">"),
+    ]
+    rows = [["", "", "", "", "GB/s", "", "min", ""]]
+    for _, x in k.iterrows():
+        rate = float(x["rate_gbps"])
+        rows.append(
+            [
+                str(x["src_host"]),
+                str(x["dst_host"]),
+                format_bytes(x["bytes"]),
+                _num(x["busy_ms"] / 1e3, ".2f"),
+                _gbps(rate),
+                _num(rate * 8e3, ".0f"),
+                _num(x["min_rtt_ms"], ".2f"),
+                str(int(x["retrans"])),
+            ]
+        )
+    L += _table(headers, rows)
+    L += wrap(
+        "rate: the best a connection of the pair reached, bytes sent / time it had data to send "
+        "(less time waiting for the receiver); '-': little of the job's data went that way. A "
+        "ring allreduce runs at its slowest link's rate.",
+        w,
+    )
+    return L
+
+
 def _select_ranks(a: Analysis, max_ranks: int) -> tuple[list[int], str]:
     """All ranks when they fit; else the named stragglers, then the latest ranks."""
     ranks = list(a.per_rank["rank"].astype(int))
@@ -221,6 +282,7 @@ def format_report(
     L += _host_lines(a, w)
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
+    L += _gain_lines(a, w)
 
     ranks, note = _select_ranks(a, max_ranks)
     pr = a.per_rank.set_index("rank")
@@ -334,6 +396,8 @@ def format_report(
             w,
         )
 
+    L += _links_section(a, w)
+
     # -- stragglers
     L.append("")
     if a.stragglers.empty:
@@ -345,9 +409,10 @@ def format_report(
             ("host", 14, "<"),
             ("late ms", 8, ">"),
             ("last", 5, ">"),
-            ("phase", 16, "<"),
-            ("excess ms", 10, ">"),
+            ("phase", 14, "<"),
+            ("excess ms", 9, ">"),
             ("cause", 10, "<"),
+            ("costs ms", 8, ">"),
         ]
         rows = []
         for _, s in a.stragglers.iterrows():
@@ -360,12 +425,15 @@ def format_report(
                     str(s["phase"] or "-"),
                     _num(s["phase_excess_ms"], "+.1f"),
                     str(s.get("cause") or "-"),
+                    _num(s.get("lost_ms_per_step")),
                 ]
             )
         L += _table(headers, rows)
         causes = a.stragglers[a.stragglers["cause"].astype(str) != ""]
         L += wrap(
-            "excess: how much longer the phase takes than the other ranks' median"
+            "costs: job time lost per step (the step time with the rank working like the others, "
+            "replayed step by step); excess: how much longer the phase takes than the other "
+            "ranks' median"
             + (
                 "; cause: the largest part of it: work (more CPU time), contention (waiting "
                 "for a CPU) or blocked (neither):"
@@ -435,7 +503,10 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     count, skip_steps, selected), ``per_rank`` (medians and p95 in ms, ratios, ``user_ms`` per
     user span), ``stragglers`` (rank, host, late_ms, last_share, phase, phase_excess_ms,
     reason, and why: cause (work, contention, blocked or "" when not measured), work_ms,
-    contention_ms, blocked_ms), ``slow_hosts``, ``verdicts`` (every rank's evidence), ``findings``,
+    contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
+    phase_lost_ms_per_step), ``slow_hosts`` (with the same costs), ``verdicts`` (every rank's
+    evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
+    lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`),
     ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
     ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
     drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``.
@@ -476,7 +547,13 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     tail = _clean(
         {
             "findings": [f.to_dict() for f in a.findings],
-            "communication": {**a.comm, "caveat": BANDWIDTH_CAVEAT},
+            "whatif": dict(a.whatif),
+            "communication": {
+                **a.comm,
+                "caveat": BANDWIDTH_CAVEAT,
+                "links": a.links.to_dict("records") if len(a.links) else [],
+                "limiting_link": a.limiting_link,
+            },
         }
     )
     rest = _clean(

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate
 from hvtrace.record.cpustat import ThreadCounters
+from hvtrace.record.netstat import ConnectionSampler
 from hvtrace.record.rows import span_count
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
@@ -75,6 +76,7 @@ class Recorder:
         self._cap = buffer_spans
         self._buf: deque = deque()
         self._clock_new: list[ClockEstimate] = []
+        self._tcp = ConnectionSampler()
         self._reported_dropped = 0
         self._failed = False
         self._pid = os.getpid()
@@ -161,13 +163,18 @@ class Recorder:
         dropped = self.dropped
         changed = bool(clock) or dropped != self._reported_dropped
         self._reported_dropped = dropped
-        return {
+        status = {
             "dropped": dropped,
             "clock": [c.to_dict() for c in clock],
             "last_step": self.step,
             "final": final,
             "changed": changed,
         }
+        tcp = self._tcp(final)  # runs on the writer thread, like this method
+        if tcp:
+            status["tcp"] = tcp
+            status["changed"] = True
+        return status
 
     # -- failure and shutdown ------------------------------------------------------------------
     def fail(self, reason: str) -> None:

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from hvtrace.record import rows as rows_mod
 from hvtrace.record.cpustat import deltas
+from hvtrace.record.netstat import merge_connections
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -452,6 +453,8 @@ def _merge_status(merged: dict[str, Any], st: dict[str, Any]) -> None:
         clock = st.get("clock", [])
         if isinstance(clock, list):
             merged["clock"].extend(clock)
+        if "tcp" in st:
+            merged["tcp"] = merge_connections(merged.get("tcp"), st["tcp"])
     except (ValueError, TypeError):
         pass  # a damaged status does not make the spans unusable
     merged["final"] = bool(st.get("final", False))  # what the last batch says

@@ -155,3 +155,52 @@ def test_one_slow_rank_on_host_2_is_named_not_its_host(hosts, tmp_path: Path) ->
     assert a.slow_hosts.empty, a.slow_hosts
     assert list(a.stragglers["rank"]) == [3], a.verdicts
     assert a.stragglers["phase"].iloc[0] == "forward"
+
+
+def _train_bytes(run_dir: Path, np_: int, steps: int = 10) -> None:
+    """The built-in model with 2048-wide layers and 4 samples per batch: about 34 MiB of
+    allreduce per step and little compute, so the links carry the step."""
+    run_on_cluster(
+        [sys.executable, "-m", "hvtrace.examples.train", "--steps", str(steps), "--width", "2048",
+         "--layers", "3", "--batch-size", "4", "--trace-dir", str(run_dir)],
+        np=np_,
+    )  # fmt: skip
+
+
+LINK_MBIT = 200
+
+
+def test_a_slow_link_is_named_with_its_host(hosts, tmp_path: Path) -> None:
+    """Three hosts, one rank each; host 2's link shaped to 200 Mbit/s in both directions. The
+    links that cross it are measured below that rate and the unshaped one far above; the run's
+    bus bandwidth is within 15 % of the slow links' measured rate; and the communication-bound
+    finding says the network is the limit and names host 2."""
+    hosts("--hosts", "3", "--link-mbit", str(LINK_MBIT), "--link-hosts", "2")
+    _train_bytes(tmp_path / "run", 3)
+    a = _analyzed(tmp_path / "run")
+    msgs = [f.message for f in a.findings]
+    lim = a.limiting_link
+    assert lim is not None and lim["limits"] and lim["host"] == "hvc2", (lim, a.links)
+    nominal_gbps = LINK_MBIT / 8e3
+    measured = a.links[a.links["rate_gbps"].notna()]
+    through_2 = (measured["src_host"] == "hvc2") | (measured["dst_host"] == "hvc2")
+    assert through_2.any() and (~through_2).any(), a.links
+    slow = measured.loc[through_2, "rate_gbps"]
+    assert slow.between(0.5 * nominal_gbps, 1.05 * nominal_gbps).all(), a.links
+    assert measured.loc[~through_2, "rate_gbps"].min() > 3 * nominal_gbps, a.links
+    busbw = a.comm["busbw_gbps"]
+    assert abs(busbw / lim["rate_gbps"] - 1) <= 0.15, (busbw, lim)
+    found = [f for f in a.findings if f.kind == "comm_bound"]
+    assert found and "network is the limit" in found[0].message, msgs
+    assert "host hvc2's link" in found[0].message, msgs
+    assert found[0].data["limiting_link"]["host"] == "hvc2"
+
+
+def test_unshaped_links_are_not_named_the_limit(hosts, tmp_path: Path) -> None:
+    """The same job on three unshaped hosts: every link is measured, none is named the limit."""
+    hosts("--hosts", "3")
+    _train_bytes(tmp_path / "run", 3)
+    a = _analyzed(tmp_path / "run")
+    assert a.links["rate_gbps"].notna().sum() >= 3, a.links
+    assert a.limiting_link is not None and not a.limiting_link["limits"], a.limiting_link
+    assert not any("network is the limit" in f.message for f in a.findings)
