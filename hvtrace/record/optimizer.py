@@ -14,7 +14,7 @@ With ``model=`` it also hooks the model's forward so compute splits into input g
 backward.
 
 At each phase boundary the training thread's CPU and run-queue counters are read once
-(:mod:`hvtrace.record.cpustat`, about two system calls), shared by the span that ends and the
+(:mod:`hvtrace.record.cpustat`, one or two system calls), shared by the span that ends and the
 span that starts there: five readings per step with ``model=`` (the step's end, forward's start
 and end, synchronize's entry and exit), three without. The phases' counter intervals therefore
 tile the step: input, forward, backward (or compute), wait and update add up to the step's. Their
@@ -72,7 +72,6 @@ _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than w
 #: often (host timer): a completion is seen within about this long of happening, or at
 #: ``synchronize``, and a model with hundreds of small tensors does not poll once per tensor.
 POLL_MIN_INTERVAL_NS = 200_000
-_NEVER = 1 << 63  # no polling (inside synchronize)
 _Tensor: Any = None  # torch.Tensor, once a Tracer exists
 
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
@@ -201,13 +200,17 @@ class Tracer:
         global _Tensor
         _Tensor = torch.Tensor
         self.dist, self.hvd, self.clock_rounds = dist, hvd, opts.clock_rounds
-        self._handle_map, self._hvd_poll = mpi_ops._handle_map, mpi_ops.poll
+        self._handle_map = mpi_ops._handle_map
+        # Horovod's poll without its Python wrapper: nonzero once the handle's op is done
+        lib = getattr(mpi_ops, "mpi_lib", None)
+        self._poll = getattr(lib, "horovod_torch_poll", None) or mpi_ops.poll
         self._grad_enabled = torch.is_grad_enabled
         params = [p for g in dist.param_groups for p in g["params"] if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
         self.timer = make_timer(device)
         self.is_cuda = bool(self.timer.is_cuda)
         self.flags = self.timer.flags
+        self.ar_flags = self.flags | FLAG_END_UPPER_BOUND
         self.now = self.timer.now
         counters = ThreadCounters()  # this thread trains: it calls step()
         self.read = counters.read
@@ -231,7 +234,7 @@ class Tracer:
         self.enqueued: list[tuple] = []
         self.done: list[tuple] = []
         self.poll_idx = 0
-        self.next_poll = 0 if not self.is_cuda else _NEVER  # CUDA tokens are events: no polling
+        self.next_poll = 0  # host timer only: the next gradient's enqueue polls
         self.step_start, self.step_cpu = self.now(), self.read()
         self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
         self.sync_exit = self.sync_cpu = self.last_grad = None
@@ -243,13 +246,13 @@ class Tracer:
 
     def _install(self, dist: Any, model: Any) -> None:
         hvdpatch.patch_module_synchronize()
-        self._orig_allreduce = dist._allreduce_grad_async
         self._orig_sync = dist.synchronize
         self._orig_step = dist.step
-        dist._allreduce_grad_async = self._allreduce_grad_async
+        dist._allreduce_grad_async = self._enqueue_wrapper(dist._allreduce_grad_async, id)
         if hasattr(dist, "_grouped_allreduce_grad_async"):
-            self._orig_grouped = dist._grouped_allreduce_grad_async
-            dist._grouped_allreduce_grad_async = self._grouped_allreduce_grad_async
+            dist._grouped_allreduce_grad_async = self._enqueue_wrapper(
+                dist._grouped_allreduce_grad_async, _group_key
+            )
         dist.synchronize = self._synchronize
         dist.step = self._step
         dist._hvtrace = self
@@ -267,47 +270,83 @@ class Tracer:
         """Disable tracing after an internal error (one warning); training goes on."""
         self.rec.fail(exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
 
-    # -- hot path ------------------------------------------------------------------------------
-    def _span(self, kind: int, name: str, start: Any, end: Any, c0: Any, c1: Any, flags: int = -1):
+    # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
+    def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
+        """Horovod's ``orig`` (enqueues one allreduce: a tensor, or a group keyed by its ids)."""
+        rec, meta, now, polls = self.rec, self.meta, self.now, not self.is_cuda
+
+        def enqueue(arg: Any) -> Any:
+            if not rec.enabled:
+                return orig(arg)
+            t = now()
+            out = orig(arg)
+            try:
+                key = key_of(arg)
+                if key not in meta:
+                    self._learn(key, arg, out)
+                self.enqueued.append((t, key, out))
+                if not self.in_sync:  # a gradient became ready (not one Horovod sends late)
+                    self.last_grad, rec.between_steps = t, False
+                    if polls and t >= self.next_poll:  # CUDA tokens are events: no polling
+                        self.next_poll = t + POLL_MIN_INTERVAL_NS
+                        self._poll_done()
+            except Exception as exc:  # noqa: BLE001
+                self.fail(exc)
+            return out
+
+        return enqueue
+
+    def _poll_done(self) -> None:
+        """Note the allreduces that completed since the last look, oldest first, as seen now."""
+        enqueued, first, poll = self.enqueued, self.poll_idx, self._poll
+        handles = []
+        for i in range(first, len(enqueued)):
+            h = enqueued[i][2]
+            h = h[0] if type(h) is tuple else h
+            if type(h) is not int or not poll(h):
+                break
+            handles.append(h)
+        if handles:
+            t = monotonic_ns()
+            self.done += [(h, t) for h in handles]
+            self.poll_idx = first + len(handles)
+
+    def _span(self, kind: int, name: str, start: Any, end: Any, c0: Any, c1: Any, flags: int):
         rec = self.rec
-        flags = self.flags if flags < 0 else flags
         self.rows.append((rec.step, rec.micro, kind, name, start, end, 0, 0, _NAN, flags, c0, c1))
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
-        if not self.rec.enabled:
-            return
-        try:
-            if not self._grad_enabled():
-                self.fwd_start = None
-                return
-            t, c = self.now(), self.read()
-            if self.fwd_count == 0:
-                self._span(K_INPUT, "input", self.step_start, t, self.step_cpu, c)
-            else:
-                self._close_backward(t, c)
-                self.rec.micro = self.fwd_count
-            self.rec.between_steps = False
-            self.fwd_start, self.fwd_cpu = t, c
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
+        if self.rec.enabled:
+            try:
+                if not self._grad_enabled():
+                    self.fwd_start = None  # evaluation: no step phase
+                    return
+                t, c = self.now(), self.read()
+                if self.fwd_count == 0:
+                    self._span(K_INPUT, "input", self.step_start, t, self.step_cpu, c, self.flags)
+                else:  # another micro-step (backward_passes_per_step, or several forwards)
+                    self._close_backward(t, c)
+                    self.rec.micro = self.fwd_count
+                self.rec.between_steps = False
+                self.fwd_start, self.fwd_cpu = t, c
+            except Exception as exc:  # noqa: BLE001
+                self.fail(exc)
 
     def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
-        if not self.rec.enabled or self.fwd_start is None:
-            return
-        try:
-            t, c = self.now(), self.read()
-            self._span(K_FORWARD, "forward", self.fwd_start, t, self.fwd_cpu, c)
-            self.fwd_start = None
-            self.fwd_count += 1
-            self.bwd_cpu = c  # backward's counters start here (see the module's docstring)
-            out = output if output.__class__ is _Tensor else _first_grad_tensor(output)
-            fn = out.grad_fn if out is not None else None
-            if fn is not None:  # a pre-hook of the output's node: cheaper than a tensor hook
-                fn.register_prehook(self._bwd_start_hook)
-            elif out is not None and out.requires_grad:
-                out.register_hook(self._bwd_start_hook)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
+        if self.rec.enabled and self.fwd_start is not None:
+            try:
+                t, c = self.now(), self.read()
+                self._span(K_FORWARD, "forward", self.fwd_start, t, self.fwd_cpu, c, self.flags)
+                self.bwd_cpu, self.fwd_start = c, None  # backward's counters start here
+                self.fwd_count += 1
+                out = output if output.__class__ is _Tensor else _first_grad_tensor(output)
+                fn = out.grad_fn if out is not None else None
+                if fn is not None:  # a pre-hook of the output's node: cheaper than a tensor hook
+                    fn.register_prehook(self._bwd_start_hook)
+                elif out is not None and out.requires_grad:
+                    out.register_hook(self._bwd_start_hook)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(exc)
 
     def _bwd_start_hook(self, grad: Any) -> None:
         if self.bwd_start is None and self.rec.enabled:
@@ -323,115 +362,52 @@ class Tracer:
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
 
-    def _allreduce_grad_async(self, p: Any) -> Any:
-        return self._traced(self._orig_allreduce, p, id(p))
-
-    def _grouped_allreduce_grad_async(self, ps: Any) -> Any:
-        return self._traced(self._orig_grouped, ps, tuple(map(id, ps)))
-
-    def _traced(self, orig: Any, arg: Any, key: Any) -> Any:
-        """Enqueue one allreduce (a tensor, or a group: ``key`` a tuple of ids) through Horovod's
-        ``orig`` and note its enqueue time; its tensors' metadata is learned the first time."""
-        if not self.rec.enabled:
-            return orig(arg)
-        t = self.now()
-        out = orig(arg)
-        try:
-            if key not in self.meta:
-                self._learn(key, tuple(arg) if type(key) is tuple else (arg,), out)
-            self.enqueued.append((t, key, out))
-            self.rec.between_steps = False
-            if not self.in_sync:
-                self.last_grad = t
-                if t >= self.next_poll:  # host timer only (never on CUDA)
-                    self._poll_done(t)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        return out
-
-    def _poll_done(self, t: int) -> None:
-        """Note the allreduces that completed since the last look (oldest first)."""
-        self.next_poll = t + POLL_MIN_INTERVAL_NS
-        enqueued, i, poll = self.enqueued, self.poll_idx, self._hvd_poll
-        while i < len(enqueued):
-            h = enqueued[i][2]
-            h = h[0] if type(h) is tuple else h
-            if type(h) is not int or not poll(h):
-                break
-            self.done.append((h, self.now()))
-            i += 1
-        self.poll_idx = i
-
     def _synchronize(self) -> Any:
         if not self.rec.enabled:
             return self._orig_sync()
         try:
             t0, c0 = monotonic_ns(), self.read()
             self._close_compute(self.now() if self.is_cuda else t0, c0)
-            if not self.is_cuda:
-                self._poll_done(t0)
-                self.next_poll = _NEVER
-            self.in_sync = True
-            hvdpatch.observer = self
+            # (no poll here: Horovod now waits for each handle in order, and hvdpatch notes
+            # when each wait returns, as a poll would, oldest first, a few µs apart)
+            self.in_sync, self.rec.between_steps, hvdpatch.observer = True, False, self
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return self._orig_sync()
         try:
             out = self._orig_sync()
         finally:
-            self.in_sync = False
-            hvdpatch.observer = None
+            self.in_sync, hvdpatch.observer = False, None
         try:
             t1, c1 = monotonic_ns(), self.read()
             end = self.now() if self.is_cuda else t1
             self._span(K_WAIT, "synchronize", t0, t1, c0, c1, 0)
             self.sync_exit, self.sync_cpu = end, c1
-            rec, flags = self.rec, self.flags | FLAG_END_UPPER_BOUND
+            rec, flags = self.rec, self.ar_flags
             ar = Allreduces(rec.step, rec.micro, flags, self.enqueued, self.done, end, self.meta)
             self.rows.append(ar)
             self.enqueued, self.done, self.poll_idx = [], [], 0
-            self.next_poll = 0 if not self.is_cuda else _NEVER
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return out
 
     def _step(self, closure: Any = None) -> Any:
-        rec = self.rec
-        if not rec.enabled:
+        if not self.rec.enabled:
             out = self._orig_step(closure)
             self._count_step()
             return out
-        try:
-            ts = self.now()
-            # synchronize() already ran (the skip pattern): the update starts here
-            cs = self.read() if self.compute_closed else None
-            self.sync_exit = None
+        try:  # synchronize() already ran (the skip pattern): the update's counters start here
+            ts, cs = self.now(), (self.read() if self.compute_closed else None)
+            self.sync_exit = None  # set again if Horovod's step() synchronizes
         except Exception as exc:  # noqa: BLE001
+            ts = cs = None
             self.fail(exc)
-            out = self._orig_step(closure)
-            self._count_step()
-            return out
         out = self._orig_step(closure)
-        try:
-            te, c = self.now(), self.read()
-            if not self.compute_closed:  # step without synchronize (skip pattern, Adasum)
-                self._close_compute(ts, None)
-            if self.sync_exit is not None:
-                self._span(K_UPDATE, "update", self.sync_exit, te, self.sync_cpu, c)
-            else:
-                self._span(K_UPDATE, "update", ts, te, cs, c)
-            self._span(K_STEP, "step", self.step_start, te, self.step_cpu, c)
-            rows, self.rows = self.rows, []
-            rec.extend(rows)
-            rec.step += 1
-            rec.micro = 0
-            rec.between_steps = True
-            self.step_start, self.step_cpu = te, c
-            self.fwd_count = 0
-            self.compute_closed = False
-            self.bwd_start = self.last_grad = None
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
+        if ts is not None and self.rec.enabled:
+            try:
+                self._end_step(ts, cs)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(exc)
         if self._count_step():
             try:
                 self.step_start, self.step_cpu = self.now(), self.read()
@@ -440,10 +416,28 @@ class Tracer:
         return out
 
     # -- phase bookkeeping (hot path, called above) ---------------------------------------------
+    def _end_step(self, ts: Any, cs: Any) -> None:
+        """Close the update and the step (the optimizer's update ran from ``ts``)."""
+        te, c = self.now(), self.read()
+        if not self.compute_closed:  # step without synchronize (skip pattern, Adasum)
+            self._close_compute(ts, None)
+        if self.sync_exit is not None:  # the update ran from synchronize's exit
+            ts, cs = self.sync_exit, self.sync_cpu
+        self._span(K_UPDATE, "update", ts, te, cs, c, self.flags)
+        self._span(K_STEP, "step", self.step_start, te, self.step_cpu, c, self.flags)
+        rec, rows, self.rows = self.rec, self.rows, []
+        rec.extend(rows)
+        rec.step += 1
+        rec.micro = self.fwd_count = 0
+        rec.between_steps = True
+        self.step_start, self.step_cpu = te, c
+        self.compute_closed = False
+        self.bwd_start = self.last_grad = None
+
     def _close_backward(self, t: Any, c: Any) -> None:
         if self.bwd_start is not None:
             end = self.last_grad if self.last_grad is not None else t
-            self._span(K_BACKWARD, "backward", self.bwd_start, end, self.bwd_cpu, c)
+            self._span(K_BACKWARD, "backward", self.bwd_start, end, self.bwd_cpu, c, self.flags)
         self.bwd_start = self.last_grad = None
 
     def _close_compute(self, t: Any, c: Any) -> None:
@@ -455,7 +449,7 @@ class Tracer:
             self._close_backward(t, c)
         else:
             end = self.last_grad if self.last_grad is not None else t
-            self._span(K_COMPUTE, "compute", self.step_start, end, self.step_cpu, c)
+            self._span(K_COMPUTE, "compute", self.step_start, end, self.step_cpu, c, self.flags)
 
     def _flush_rows(self) -> None:
         """Hand the step's spans to the recorder (one call per step)."""
@@ -464,8 +458,9 @@ class Tracer:
             self.rec.extend(rows)
 
     # -- set-up off the hot path ---------------------------------------------------------------
-    def _learn(self, key: Any, params: tuple, handle_ctx: Any) -> None:
+    def _learn(self, key: Any, arg: Any, handle_ctx: Any) -> None:
         """Note the names, bytes and dtypes of the tensors an allreduce sends (its first time)."""
+        params = tuple(arg) if type(key) is tuple else (arg,)
         handle = handle_of(handle_ctx)
         sent = self._handle_map.get(handle) if type(handle) is int else None
         sent = sent[0] if sent is not None else None  # the (compressed) tensor(s) Horovod reduces
@@ -510,6 +505,11 @@ class Tracer:
         if self.rec.enabled:
             self._flush_rows()
         self.rec.close()
+
+
+def _group_key(params: Any) -> tuple:
+    """The key of a grouped allreduce: its tensors' ids."""
+    return tuple(map(id, params))
 
 
 def tensor_meta(params: tuple, sent: Any, names: dict) -> tuple[list, list, list]:

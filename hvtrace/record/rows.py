@@ -71,22 +71,9 @@ def expand(entries: list, out: list[tuple]) -> list[tuple]:
         for handle, tok in e.done:
             ends.setdefault(handle, tok)
         step, micro, flags, end, meta = e.step, e.micro, e.flags, e.end, e.meta
-        for start, key, handle_ctx in e.enqueued:
-            stop = ends.get(handle_of(handle_ctx), end)
+        for start, key, h in e.enqueued:
+            stop = ends.get(h[0] if type(h) is tuple else h, end)
             names, nbytes, dtypes = meta[key]
-            for i in range(len(names)):
-                append(
-                    (
-                        step,
-                        micro,
-                        _K_ALLREDUCE,
-                        names[i],
-                        start,
-                        stop,
-                        nbytes[i],
-                        dtypes[i],
-                        _NAN,
-                        flags,
-                    )
-                )
+            for name, nb, dt in zip(names, nbytes, dtypes):
+                append((step, micro, _K_ALLREDUCE, name, start, stop, nb, dt, _NAN, flags))
     return out

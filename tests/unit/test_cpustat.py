@@ -60,6 +60,40 @@ def test_reading_is_raw_and_parsed_off_the_hot_path(counters: ThreadCounters) ->
     assert deltas(None, (1, b"1 2 3")) == (None, None)
 
 
+def test_schedstat_is_read_again_only_after_time_off_a_cpu(monkeypatch) -> None:
+    """A reading re-reads the schedstat line only once the thread was off a CPU (wall time minus
+    CPU time since the last read) for more than the slack: the run-queue wait cannot have grown
+    by more than that meanwhile."""
+    wall, cpu, line, preads = [10 * MS], [5 * MS], [b"7 100 1\n"], []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        preads.append(fd)
+        return line[0]
+
+    monkeypatch.setattr(time, "monotonic_ns", lambda: wall[0])
+    monkeypatch.setattr(os, "pread", pread)
+    read = cpustat._schedstat_reader(lambda: cpu[0], 3, 20_000)
+    assert len(preads) == 1
+
+    def advance(wall_ns: int, cpu_ns: int, runq_line: bytes) -> tuple[int, bytes]:
+        wall[0] += wall_ns
+        cpu[0] += cpu_ns
+        line[0] = runq_line
+        return read()
+
+    # on a CPU all along: the line cannot have changed; the CPU clock is read every time
+    assert advance(MS, MS, b"9 100 1\n") == (6 * MS, b"7 100 1\n") and len(preads) == 1
+    # 15 us off a CPU since the line was read: within the slack, still not read
+    assert advance(MS, MS - 15_000, b"9 110 2\n")[1] == b"7 100 1\n" and len(preads) == 1
+    # 15 + 10 us off a CPU since then: more than the slack, read again
+    assert advance(MS, MS - 10_000, b"9 125 3\n")[1] == b"9 125 3\n" and len(preads) == 2
+    # counted from that read: 10 us more off a CPU is within the slack again
+    assert advance(MS, MS - 10_000, b"9 135 4\n")[1] == b"9 125 3\n" and len(preads) == 2
+    # a long wait (sleep, run queue) is always seen
+    assert advance(5 * MS, MS, b"9 900 5\n")[1] == b"9 900 5\n" and len(preads) == 3
+    assert deltas((0, b"7 100 1\n"), (1, b"9 900 5\n")) == (1, 800)
+
+
 def test_busy_loop_is_cpu_and_sleep_is_blocked(counters: ThreadCounters) -> None:
     if counters.mode != "schedstat":
         pytest.skip("no /proc/self/task/TID/schedstat here")
