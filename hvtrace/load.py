@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
 from hvtrace.record.netstat import merge_connections
+from hvtrace.record.stall import merge_stalls
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -84,6 +85,8 @@ class RankFile:
     clock: list[ClockEstimate] = field(default_factory=list)  # the estimates used to align
     #: The rank's TCP connections as last sampled (:mod:`hvtrace.record.netstat`), unchecked.
     tcp: list[dict[str, Any]] = field(default_factory=list)
+    #: Waits in synchronize the rank's writer noted as stalls (:mod:`hvtrace.record.stall`).
+    stalls: list[dict[str, Any]] = field(default_factory=list)
     #: Barrier-round estimates as recorded (kept as a check when ``same_clock`` made them moot).
     clock_measured: list[ClockEstimate] = field(default_factory=list)
     #: True when this rank ran on rank 0's kernel (same boot id): one clock, offset exactly 0.
@@ -830,6 +833,8 @@ def _apply_status(rf: RankFile, st: dict[str, Any]) -> None:
         rf.clock.extend(ClockEstimate.from_dict(c) for c in st.get("clock", []))
         if "tcp" in st:
             rf.tcp = merge_connections(rf.tcp, st["tcp"])
+        if "stall" in st:
+            rf.stalls = merge_stalls(rf.stalls, st["stall"])
     except (ValueError, TypeError, KeyError, AttributeError):
         pass  # a damaged status does not make the spans unusable
 

@@ -34,8 +34,15 @@ FLUSH_S: Final = Setting(
 BUFFER_SPANS: Final = Setting(
     "HVTRACE_BUFFER_SPANS", 1 << 20, 16, 1 << 26, "spans buffered before new ones are dropped"
 )
+STALL_S: Final = Setting(
+    "HVTRACE_STALL_S",
+    60.0,
+    0.5,
+    86400.0,
+    "seconds a rank waits in synchronize before its file notes a stall (Horovod's stall check)",
+)
 #: Every setting, by environment variable (``HVTRACE`` and ``HVTRACE_DIR`` are parsed below).
-SETTINGS: Final = {s.env: s for s in (FLUSH_S, BUFFER_SPANS)}
+SETTINGS: Final = {s.env: s for s in (FLUSH_S, BUFFER_SPANS, STALL_S)}
 
 _OFF: Final = {"0", "false", "off", "no"}
 _ON: Final = {"", "1", "true", "on", "yes"}
@@ -80,6 +87,13 @@ def buffer_spans(explicit: int | None = None) -> int:
     bounded to 16..2**26."""
     raw = explicit if explicit is not None else os.environ.get(BUFFER_SPANS.env)
     return BUFFER_SPANS.default if raw is None else _number(BUFFER_SPANS, raw, int)
+
+
+def stall_s(explicit: float | None = None) -> float:
+    """Seconds in ``synchronize`` after which the writer notes a stall: ``explicit``, else
+    ``$HVTRACE_STALL_S``, else 60 (Horovod's stall check); bounded to 0.5 s..1 day."""
+    raw = explicit if explicit is not None else os.environ.get(STALL_S.env)
+    return STALL_S.default if raw is None else _number(STALL_S, raw, float)
 
 
 def tracing_enabled() -> bool:

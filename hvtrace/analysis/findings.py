@@ -60,6 +60,7 @@ CAUSE_WORDS: Final[dict[str, tuple[str, str, str]]] = {
 def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Finding]:
     """Return the findings for an analysis, most important first."""
     out: list[Finding] = []
+    out += _hangs(a)
     out += _run_state(a)
     rank0 = _rank0_blocking(a, config or StragglerConfig())
     out += _stragglers(a, skip_rank0=bool(rank0))
@@ -84,6 +85,37 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
                     "ms",
                 )
             )
+    return out
+
+
+# -- hangs -----------------------------------------------------------------------------------------
+def _hangs(a: Analysis) -> list[Finding]:
+    """A job that hung (or stalled and went on): who the others waited for, first."""
+    out = []
+    for h in a.hangs:
+        waiting = f"rank{'s' if len(h['waiting_ranks']) > 1 else ''} {_list(h['waiting_ranks'])}"
+        what = f" for {h['tensor']}" if h["tensor"] else ""
+        more = len(h["tensors"]) - 1
+        if more > 0:
+            what += f" (and {more} more tensor{'s' if more > 1 else ''})"
+        if h["hung"]:
+            who = (
+                f"rank{'s' if len(h['ranks']) > 1 else ''} {_list(h['ranks'])} never arrived "
+                "(stopped, deadlocked, or skipped a collective the others issued)"
+                if h["ranks"]
+                else "every rank waits: they issued different collectives (names, order)"
+            )
+            msg = (
+                f"hang at step {h['step']}: {waiting} waited {h['waited_s']:.0f} s or more in "
+                f"synchronize{what}; {who}"
+            )
+            out.append(Finding("hang", "warning", msg, h["waited_s"], "s", dict(h)))
+        else:
+            msg = (
+                f"stall at step {h['step']}: {waiting} waited {h['waited_s']:.0f} s in "
+                f"synchronize{what}, then the job went on"
+            )
+            out.append(Finding("stall", "warning", msg, h["waited_s"], "s", dict(h)))
     return out
 
 
@@ -148,10 +180,22 @@ def _cost_words(row: pd.Series) -> tuple[str, str, dict[str, Any]]:
         return "", "warning", {}
     sev = "warning" if share >= STRAGGLER_WARN_SHARE else "info"
     small = "" if sev == "warning" else f", under {STRAGGLER_WARN_SHARE:.0%}: minor"
+    upper = row.get("lost_bound") == "upper"
+    bound = (
+        "; at most: its host is short of CPU, and while this rank does not compute its "
+        "neighbours get the CPU, which the replay cannot see"
+        if upper
+        else ""
+    )
     return (
-        f"; it costs the job {lost:.1f} ms per step ({share:.1%} of the run{small})",
+        f"; it costs the job {'up to ' if upper else ''}{lost:.1f} ms per step ({share:.1%} of "
+        f"the run{small}{bound})",
         sev,
-        {"lost_ms_per_step": _f(lost), "lost_share": _f(share)},
+        {
+            "lost_ms_per_step": _f(lost),
+            "lost_share": _f(share),
+            "lost_bound": str(row.get("lost_bound") or ""),
+        },
     )
 
 

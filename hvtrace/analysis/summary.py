@@ -21,6 +21,7 @@ from hvtrace.analysis.bandwidth import (
     tensor_table,
 )
 from hvtrace.analysis.findings import make_findings
+from hvtrace.analysis.hangs import find_hangs
 from hvtrace.analysis.links import connection_rows, limiting_link, link_table
 from hvtrace.analysis.model import Analysis, Finding, RankState
 from hvtrace.analysis.steps import (
@@ -138,7 +139,9 @@ def analyze_tables(
     verdicts = mark_host_stragglers(verdicts, hosts_df)
     named = find_stragglers(verdicts)
     model = step_model(st, skip_steps)
-    named, hosts_df = add_costs(model, named), add_costs(model, hosts_df)
+    cont = host_contention(st, skip_steps, hosts)
+    short = set(cont.loc[cont["short"], "host"]) if len(cont) else set()
+    named, hosts_df = add_costs(model, named, short), add_costs(model, hosts_df, short)
     a = Analysis(
         run_id=run_id,
         size=size,
@@ -336,6 +339,7 @@ def analyze(
     a.timing = str(h0.get("timing") or "")
     a.clock = run.clock_summary()
     a.clock_ranks = run.clock_table()
+    a.hangs = find_hangs(run.files, run.expected_ranks)
     a.links = link_table(connection_rows(run.files, run.hosts))
     cont = host_contention(a.steps, a.skip_steps, a.hosts)
     a.limiting_link = limiting_link(

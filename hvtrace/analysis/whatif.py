@@ -64,40 +64,40 @@ def step_model(steps: pd.DataFrame, skip_steps: int = 1) -> StepModel | None:
     if steps.empty or not need <= set(steps.columns):
         return None
     full = steps[steps["complete"]] if "complete" in steps.columns else steps
+    full = full[full["arrival_ns"].notna()]
     ranks = sorted(int(r) for r in full["rank"].unique())
     if len(ranks) < 2:
         return None
-    piv = full.pivot_table(
-        index="step",
-        columns="rank",
-        values=["arrival_ns", "start_ns", "step_ns", "update_ns", *_phase_cols(full)],
-        aggfunc="first",
-    ).sort_index()
-    piv = piv[piv["arrival_ns"].notna().all(axis=1)]
-    prev_ok = np.isin(piv.index.to_numpy() - 1, piv.index.to_numpy())
-    s = piv.index.to_numpy()
-    keep = prev_ok & (s >= skip_steps)
-    kept = analyzed_steps(full, skip_steps)["step"].unique()
-    keep &= np.isin(s, kept)
+    # dense steps x ranks grids (numpy indexing: no pivot of the whole table)
+    all_steps = np.unique(full["step"].to_numpy(dtype=np.int64))
+    ri = np.searchsorted(ranks, full["rank"].to_numpy(dtype=np.int64))
+    si = np.searchsorted(all_steps, full["step"].to_numpy(dtype=np.int64))
+
+    def grid(col: str) -> np.ndarray:
+        g = np.full((len(all_steps), len(ranks)), np.nan)
+        g[si, ri] = full[col].to_numpy(dtype=np.float64) / 1e6
+        return g
+
+    arrived = np.isfinite(grid("arrival_ns")).all(axis=1)
+    prev = np.searchsorted(all_steps, all_steps - 1)
+    prev_ok = (all_steps >= 1) & (all_steps[np.minimum(prev, len(all_steps) - 1)] == all_steps - 1)
+    keep = arrived & prev_ok & np.isin(all_steps, analyzed_steps(full, skip_steps)["step"])
+    keep &= arrived[np.where(prev_ok, prev, 0)]  # every rank arrived in the previous step too
     if not keep.any():
         return None
-
-    def m(col: str, shift: int = 0) -> np.ndarray:
-        x = piv[col].reindex(columns=ranks).astype("float64")
-        if shift:
-            x = x.reindex(piv.index.to_numpy() - shift).set_axis(piv.index)
-        return x.to_numpy()[keep] / 1e6
-
-    update_prev = m("update_ns", 1)
-    before = m("arrival_ns") - m("start_ns")
+    rows, prev_rows = np.flatnonzero(keep), prev[keep]
+    update = grid("update_ns")
+    update_prev = update[prev_rows]
+    before = (grid("arrival_ns") - grid("start_ns"))[rows]
     work = update_prev + before
     # T(s): per rank, leaving synchronize in s-1 to leaving it in s
-    t_rank = m("step_ns") - m("update_ns") + update_prev
+    t_rank = grid("step_ns")[rows] - update[rows] + update_prev
     step_ms = np.nanmedian(t_rank, axis=1)
     phases = {"update": update_prev}
     for p in PHASES:
-        if p != "update" and f"{p}_ns" in piv.columns.get_level_values(0):
-            phases[p] = np.clip(m(f"{p}_ns"), 0, before)
+        if p != "update" and f"{p}_ns" in full.columns:
+            phases[p] = np.clip(grid(f"{p}_ns")[rows], 0, before)
+    s = all_steps
     return StepModel(
         steps=s[keep],
         ranks=ranks,
@@ -106,10 +106,6 @@ def step_model(steps: pd.DataFrame, skip_steps: int = 1) -> StepModel | None:
         step_ms=step_ms,
         tail_ms=step_ms - np.nanmax(work, axis=1),
     )
-
-
-def _phase_cols(steps: pd.DataFrame) -> list[str]:
-    return [f"{p}_ns" for p in PHASES if p != "update" and f"{p}_ns" in steps.columns]
 
 
 def without_ranks(model: StepModel, ranks: list[int], phase: str | None = None) -> np.ndarray:
@@ -162,8 +158,9 @@ def whatif_summary(
 ) -> dict[str, Any]:
     """The run's what-if: ``step_ms`` (median measured T), ``step_ms_without_stragglers``
     (median T' with every named straggler and slow host's rank working like the rest),
-    ``lost_ms_per_step`` and ``lost_share`` of that, ``steps`` (how many were replayed) and
-    ``ranks`` (the ranks replaced). Empty without a model."""
+    ``lost_ms_per_step`` and ``lost_share`` of that, ``lost_bound`` ("upper" when a replaced
+    rank's cost is only an upper bound, see :func:`add_costs`), ``steps`` (how many were
+    replayed) and ``ranks`` (the ranks replaced). Empty without a model."""
     if model is None:
         return {}
     ranks = sorted(
@@ -171,7 +168,9 @@ def whatif_summary(
         | {int(r) for rs in slow_hosts.get("ranks", []) for r in rs}
     )
     c = cost(model, ranks)
+    bounds = [*stragglers.get("lost_bound", []), *slow_hosts.get("lost_bound", [])]
     return {
+        "lost_bound": "upper" if "upper" in bounds else "",
         "step_ms": float(np.nanmedian(model.step_ms)),
         "step_ms_without_stragglers": c["step_ms_without"],
         "lost_ms_per_step": c["lost_ms_per_step"],
@@ -181,15 +180,24 @@ def whatif_summary(
     }
 
 
-def add_costs(model: StepModel | None, named: pd.DataFrame) -> pd.DataFrame:
+def add_costs(
+    model: StepModel | None, named: pd.DataFrame, cpu_short_hosts: Any = ()
+) -> pd.DataFrame:
     """``named`` (stragglers: a ``rank`` column; slow hosts: a ``ranks`` column) with what each
     costs: ``lost_ms_per_step`` and ``lost_share`` of its ranks' whole work replaced, and for a
     straggler with a phase, ``phase_lost_ms_per_step`` of that phase alone (NaN: no replay).
-    Sorted by ``lost_ms_per_step``, largest first."""
+    ``lost_bound`` is ``"upper"`` where the figure is only an upper bound: the rank's host is in
+    ``cpu_short_hosts`` (its ranks wait for a CPU) and its excess is not more work (blocked or
+    contention), so the CPU it leaves idle speeds up its neighbours, which the replay cannot
+    know; else ``""``. Sorted by ``lost_ms_per_step``, largest first."""
     out = named.copy()
     cols = ["lost_ms_per_step", "lost_share", "phase_lost_ms_per_step"]
     for c in cols:
         out[c] = np.nan
+    short = set(cpu_short_hosts)
+    causes = out["cause"].astype(str) if "cause" in out.columns else pd.Series("", out.index)
+    hosts = out["host"].astype(str) if "host" in out.columns else pd.Series("", out.index)
+    out["lost_bound"] = np.where(hosts.isin(short) & (causes != "work"), "upper", "")
     if model is None or out.empty:
         return out
     for i, row in out.iterrows():

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -140,6 +141,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-finish", action="store_true", help="skip hvtrace.finish()")
     p.add_argument(
+        "--stop-rank",
+        type=int,
+        default=None,
+        help="this rank stops itself (SIGSTOP) at the start of --stop-step: the others hang",
+    )
+    p.add_argument("--stop-step", type=int, default=10)
+    p.add_argument(
+        "--lone-allreduce-rank",
+        type=int,
+        default=None,
+        help="after --stop-step this rank alone averages a metric with hvd.allreduce (a bug: "
+        "the others never issue it, so every rank hangs)",
+    )
+    p.add_argument(
         "--ab-every",
         type=int,
         default=0,
@@ -235,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.steps):
             on = tracer is not None and tracer.rec.enabled
             t0 = time.perf_counter()
+            if rank == args.stop_rank and i == args.stop_step:
+                os.kill(os.getpid(), signal.SIGSTOP)  # a rank that stops arriving (a hang)
             opt.zero_grad()
             for _ in range(args.bpps):
                 with hvtrace.span("data"):
@@ -253,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 opt.step()
             if slow and args.slow_phase == "update":
                 delay(args.slow_ms / 1e3, args.slow_kind)
+            if rank == args.lone_allreduce_rank and i == args.stop_step:
+                hvd.allreduce(loss.detach(), name="metric.loss")  # the others never do
             hvtrace.scalar("loss", float(loss.detach()))
             step_times.append(time.perf_counter() - t0)
             traced.append(on)

@@ -98,8 +98,9 @@ def _gain_lines(a: Analysis, w: int) -> list[str]:
            for _, s in a.stragglers.iterrows()]  # fmt: skip
     who += [f"host {h['host']} {_num(h['lost_ms_per_step'])} ms"
             for _, h in a.slow_hosts.iterrows()]  # fmt: skip
+    upper = " (at most: see the findings)" if wi.get("lost_bound") == "upper" else ""
     return wrap(
-        f"what the stragglers cost: without them a step would take about "
+        f"what the stragglers cost{upper}: without them a step would take about "
         f"{_num(wi['step_ms_without_stragglers'])} ms instead of {_num(wi['step_ms'])} ms, "
         f"{_num(wi['lost_ms_per_step'])} ms per step or {_pct(wi['lost_share'])} of the run "
         f"(each alone: {'; '.join(who)} per step; a what-if replay of {wi['steps']} steps)",
@@ -282,6 +283,9 @@ def format_report(
     L += _host_lines(a, w)
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
+    for f in a.findings:
+        if f.kind == "hang":  # at the top: the first thing to know about the run
+            L += wrap(f.message, w, "! ", "  ")
     L += _gain_lines(a, w)
 
     ranks, note = _select_ranks(a, max_ranks)
@@ -506,7 +510,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
     phase_lost_ms_per_step), ``slow_hosts`` (with the same costs), ``verdicts`` (every rank's
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
-    lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`),
+    lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks
+    that did not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
     ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
     ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
     drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``.
@@ -548,6 +553,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         {
             "findings": [f.to_dict() for f in a.findings],
             "whatif": dict(a.whatif),
+            "hangs": list(a.hangs),
             "communication": {
                 **a.comm,
                 "caveat": BANDWIDTH_CAVEAT,

@@ -28,6 +28,7 @@ from hvtrace.clock import ClockEstimate
 from hvtrace.record.cpustat import ThreadCounters
 from hvtrace.record.netstat import ConnectionSampler
 from hvtrace.record.rows import span_count
+from hvtrace.record.stall import StallWatch
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
 from hvtrace.schema import DTYPE_CODE, FILE_SUFFIX, KIND_CODE
@@ -77,6 +78,7 @@ class Recorder:
         self._buf: deque = deque()
         self._clock_new: list[ClockEstimate] = []
         self._tcp = ConnectionSampler()
+        self._stall = StallWatch(settings.stall_s())
         self._reported_dropped = 0
         self._failed = False
         self._pid = os.getpid()
@@ -174,6 +176,17 @@ class Recorder:
         if tcp:
             status["tcp"] = tcp
             status["changed"] = True
+        stall = self._stall(self.tracer, self.step, self.micro)
+        if stall is not None:
+            status["stall"] = stall
+            status["changed"] = True
+            log.warning(
+                "hvtrace: rank %s has waited %.0f s in synchronize at step %d for %s",
+                self.header.get("rank"),
+                stall["waited_s"],
+                stall["step"],
+                ", ".join(stall["pending"][:3]) or "its allreduces",
+            )
         return status
 
     # -- failure and shutdown ------------------------------------------------------------------

@@ -33,6 +33,7 @@ import pyarrow as pa
 from hvtrace.record import rows as rows_mod
 from hvtrace.record.cpustat import deltas
 from hvtrace.record.netstat import merge_connections
+from hvtrace.record.stall import merge_stalls
 from hvtrace.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -455,6 +456,8 @@ def _merge_status(merged: dict[str, Any], st: dict[str, Any]) -> None:
             merged["clock"].extend(clock)
         if "tcp" in st:
             merged["tcp"] = merge_connections(merged.get("tcp"), st["tcp"])
+        if "stall" in st:
+            merged["stall"] = merge_stalls(merged.get("stall"), st["stall"])
     except (ValueError, TypeError):
         pass  # a damaged status does not make the spans unusable
     merged["final"] = bool(st.get("final", False))  # what the last batch says

@@ -410,3 +410,23 @@ def test_cuda_events_go_back_to_the_pool_once_and_only_when_free(tmp_path: Path,
     rec.close()
     rows = sorted(_rows(read_rank_file(_closed(rec))), key=lambda r: r["start_ns"])
     assert [(r["start_ns"], r["end_ns"]) for r in rows] == [(10, 20), (20, 30)]
+
+
+def test_a_recorder_notes_a_stall_in_its_file(tmp_path, recorders, monkeypatch) -> None:
+    """Through the real writer thread: a tracer stuck in synchronize for longer than
+    HVTRACE_STALL_S gets a stall record into the file, which the loader reads back."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("HVTRACE_STALL_S", "0.5")
+    r = recorders(tmp_path, flush_interval_s=0.05)
+    r.tracer = SimpleNamespace(
+        in_sync=True, meta={1: (["net.0.weight"], [4], ["float32"])}, enqueued=[(0, 1, 7)], done=[]
+    )
+    r.step = 4
+    time.sleep(1.5)
+    r.tracer = None
+    r.close()
+    (path,) = tmp_path.glob("rank00000-*")  # compacted at close: the merged status
+    got = read_rank_file(path).stalls
+    assert [(s["step"], s["pending"]) for s in got] == [(4, ["net.0.weight"])]
+    assert got[0]["waited_s"] >= 1.0  # merged: the latest record wins

@@ -126,3 +126,18 @@ def test_a_cheap_straggler_is_info_and_a_balanced_run_costs_nothing(tmp_path: Pa
     b = analyze(open_run(tmp_path / "b"))
     assert b.stragglers.empty and b.whatif["lost_ms_per_step"] == 0.0
     assert "what the stragglers cost" not in format_report(b)
+
+
+@pytest.mark.parametrize(("cause", "bound"), [("blocked", "upper"), ("work", "")])
+def test_on_a_host_short_of_cpu_a_blocked_straggler_costs_at_most(tmp_path, cause, bound) -> None:
+    """Every rank waits for a CPU 30 % of the step: a rank that sleeps leaves its neighbours a
+    CPU, so the replay's figure is only an upper bound (not so for one that computes more)."""
+    synth_module().write_synth_run(
+        tmp_path, ranks=4, steps=30, tensors=4, slow_rank=1, slow_ms=12.0, slow_cause=cause,
+        runq_frac=0.3, ranks_per_host=4,
+    )  # fmt: skip
+    a = analyze(open_run(tmp_path))
+    s = a.stragglers.iloc[0]
+    assert int(s["rank"]) == 1 and s["lost_bound"] == bound, a.stragglers
+    (f,) = [f for f in a.findings if f.data.get("rank") == 1]
+    assert ("costs the job up to" in f.message) == (bound == "upper"), f.message

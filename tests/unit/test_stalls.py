@@ -1,0 +1,110 @@
+"""The stall watchdog (hvtrace.record.stall) and who a hung job waits for
+(hvtrace.analysis.hangs), on made-up tracers and files."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hvtrace.analysis.hangs import find_hangs
+from hvtrace.record import stall
+
+
+def tracer(in_sync: bool = True) -> SimpleNamespace:
+    meta: dict = {
+        1: (["net.0.weight"], [4], ["float32"]),
+        (2, 3): (["net.2.weight", "net.2.bias"], [], []),
+    }
+    return SimpleNamespace(
+        in_sync=in_sync,
+        meta=meta,
+        enqueued=[(0, 1, (11, None)), (0, (2, 3), 12), (0, 9, 13)],
+        done=[(12, 5)],
+    )
+
+
+def test_the_watch_notes_a_wait_once_it_lasts_and_again_each_period(monkeypatch) -> None:
+    now = [0]
+    monkeypatch.setattr(stall, "monotonic_ns", lambda: now[0])
+    w = stall.StallWatch(stall_s=2.0)
+    t = tracer()
+    assert w(t, 7, 0) is None  # first seen
+    now[0] = int(1.9e9)
+    assert w(t, 7, 0) is None
+    now[0] = int(2.0e9)
+    rec = w(t, 7, 0)
+    assert rec["step"] == 7 and rec["waited_s"] == 2.0 and rec["since_ns"] == 0
+    assert rec["pending"] == ["net.0.weight", "?"]  # 12 is done; 9 has no names
+    now[0] = int(3.0e9)
+    assert w(t, 7, 0) is None
+    now[0] = int(4.0e9)
+    assert w(t, 7, 0)["waited_s"] == 4.0
+    now[0] = int(5.0e9)
+    assert w(t, 8, 0) is None  # a new wait starts over
+    t.in_sync = False
+    now[0] = int(9.0e9)
+    assert w(t, 8, 0) is None
+    assert w(None, 8, 0) is None
+
+
+def test_stall_records_merge_per_step() -> None:
+    a = {"step": 3, "micro": 0, "waited_s": 2.0}
+    b = {"step": 3, "micro": 0, "waited_s": 4.0}
+    c = {"step": 9, "micro": 0, "waited_s": 2.0}
+    out = stall.merge_stalls([a, "junk"], b)
+    out = stall.merge_stalls(out, [c, None, {"no": "step"}])
+    assert sorted((r["step"], r["waited_s"]) for r in out) == [(3, 4.0), (9, 2.0)]
+
+
+def rf(last_step: int, *stalls: dict) -> SimpleNamespace:
+    return SimpleNamespace(last_step=last_step, stalls=list(stalls))
+
+
+def rec(step: int, waited: float, *pending: str) -> dict:
+    return {"step": step, "micro": 0, "since_ns": 1, "waited_s": waited, "pending": list(pending)}
+
+
+def test_the_rank_that_did_not_arrive_is_named() -> None:
+    files = {
+        0: rf(12, rec(12, 2.0, "net.4.weight"), rec(12, 30.0, "net.4.weight", "net.0.weight")),
+        1: rf(12),  # stopped in step 12 before its allreduces
+        2: rf(12, rec(12, 28.5, "net.4.weight")),
+    }
+    (h,) = find_hangs(files, [0, 1, 2, 3])
+    assert h["hung"] and h["step"] == 12
+    assert h["ranks"] == [1, 3]  # rank 3 left no file at all
+    assert h["waiting_ranks"] == [0, 2] and h["waited_s"] == 30.0
+    assert h["tensor"] == "net.4.weight" and h["tensors"] == ["net.4.weight", "net.0.weight"]
+
+
+def test_a_wait_the_job_got_past_is_a_stall_not_a_hang() -> None:
+    files = {0: rf(40, rec(12, 75.0, "net.4.weight")), 1: rf(40)}
+    (h,) = find_hangs(files, [0, 1])
+    assert not h["hung"] and h["ranks"] == [] and h["waited_s"] == 75.0
+
+
+def test_no_stall_records_no_hang() -> None:
+    assert find_hangs({0: rf(5), 1: rf(5)}, [0, 1]) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"step": "12", "waited_s": 3.0},
+        {"step": -1, "waited_s": 3.0},
+        {"step": 12, "waited_s": float("nan")},
+        {"step": 12, "waited_s": -4},
+        {"step": True, "waited_s": 3.0},
+        "not a record",
+    ],
+)
+def test_malformed_stall_records_are_ignored(bad) -> None:
+    assert find_hangs({0: rf(5, bad), 1: rf(5)}, [0, 1]) == []
+
+
+def test_hostile_names_are_kept_as_bounded_text() -> None:
+    files = {0: rf(3, rec(3, 9.0, "\x1b[2J" + "x" * 500, 7)), 1: rf(3)}  # type: ignore[arg-type]
+    (h,) = find_hangs(files, [0, 1])
+    assert h["tensor"].startswith("\x1b[2J") and len(h["tensor"]) == 200  # the report escapes it
+    assert h["tensors"] == [h["tensor"]]
