@@ -169,7 +169,12 @@ def link_table(conns: pd.DataFrame) -> pd.DataFrame:
         )
     )
     g = c.groupby(["src_host", "dst_host"], sort=True)
-    best = c.loc[g["rate"].idxmax().dropna().astype(int)].set_index(["src_host", "dst_host"])
+    # each pair's fastest connection (a pair whose connections were all too briefly busy: NaN)
+    best = (
+        c.sort_values("rate", ascending=False, na_position="last")
+        .drop_duplicates(["src_host", "dst_host"])
+        .set_index(["src_host", "dst_host"])
+    )
     out = pd.DataFrame(
         {
             "bytes": g["sent_bytes"].sum().astype("int64"),

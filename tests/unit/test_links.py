@@ -213,3 +213,15 @@ def test_the_comm_bound_finding_says_what_the_links_say(comm_bound_analysis) -> 
     assert "The links are not the limit" in msg and "only 21%" in msg
     msg, _ = _comm_message(comm_bound_analysis, None)
     assert "link" not in msg
+
+
+def test_a_pair_too_briefly_busy_has_no_rate() -> None:
+    """A pair whose connections were busy for less than a few scheduler ticks: no rate (and no
+    error), the other pair keeps its own."""
+    files = {
+        0: SimpleNamespace(tcp=[conn("10.0.0.1:1", "10.0.0.2:2", 100 * MB, 4.0)]),
+        1: SimpleNamespace(tcp=[conn("10.0.0.2:2", "10.0.0.1:1", 90 * MB, 0.004)]),
+    }
+    links = link_table(connection_rows(files, {0: "a", 1: "b"})).set_index("src_host")
+    assert links.loc["a", "rate_gbps"] == pytest.approx(0.025)
+    assert np.isnan(links.loc["b", "rate_gbps"]) and links.loc["b", "bytes"] == 90 * MB
