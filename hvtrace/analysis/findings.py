@@ -312,17 +312,17 @@ def _contention(a: Analysis) -> list[Finding]:
             Finding(
                 "contention",
                 "warning",
-                f"CPU contention on {where}: its ranks ({_list(h.ranks)}) wait "
-                f"a median {h.runq_ms:.1f} ms per step ({h.step_share:.0%} of the step) runnable "
-                f"but without a CPU (most: rank {h.worst_rank}, "
+                f"CPU contention on {where}: its ranks ({_list(h.ranks)}) wait a median "
+                f"{h.runq_ms:.1f} ms per step runnable but without a CPU, {h.work_share:.0%} of "
+                f"their {h.work_ms:.1f} ms outside synchronize (most: rank {h.worst_rank}, "
                 f"{h.worst_runq_ms:.1f} ms)"
                 + ("" if h.host in advised else "; " + CAUSE_WORDS["contention"][2]),
                 h.runq_ms,
                 "ms",
-                {"host": h.host, "ranks": list(h.ranks), "step_share": h.step_share},
+                {"host": h.host, "ranks": list(h.ranks), "work_share": h.work_share},
             )
         )
-    return sorted(out, key=lambda f: -f.data["step_share"])  # the most starved host first
+    return out  # host_contention's order: the most starved host first
 
 
 def _phase_words(phase: str, vr: pd.Series) -> str:

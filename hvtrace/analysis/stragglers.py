@@ -552,42 +552,47 @@ def mark_host_stragglers(verdicts: pd.DataFrame, hosts_df: pd.DataFrame) -> pd.D
     return v
 
 
-#: A host is short of CPU when its ranks wait for one at least this share of the step.
+#: A host is short of CPU when its ranks wait for one at least this share of their time outside
+#: ``synchronize`` (see :func:`host_contention`).
 CONTENTION_STEP_SHARE: Final = 0.10
 
 
 def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str]) -> pd.DataFrame:
-    """Per host, how long its ranks wait for a CPU per step (runnable, without one).
+    """Per host, how much of its ranks' own work is spent waiting for a CPU (runnable, without
+    one): the run-queue wait outside ``synchronize`` over the time outside it.
 
     ``steps``: :func:`hvtrace.analysis.steps.step_table` with the cause counters (empty result
-    without them). The whole step counts, the wait in ``synchronize`` too: Horovod's wait sleeps
-    and wakes to poll, and on a host short of CPU every wake-up queues for one (which also
-    delays when the rank sees the collective done). Columns: ``host``, ``ranks`` (list),
-    ``runq_ms`` and ``step_ms`` (medians over its ranks of their medians over the analyzed
-    steps), ``step_share`` (``runq_ms / step_ms``),
-    ``worst_rank`` and ``worst_runq_ms``, ``short`` (``step_share >= CONTENTION_STEP_SHARE``).
-    Sorted by ``step_share``, largest first.
+    without them). The wait in ``synchronize`` is left out on both sides: Horovod 0.28's wait is
+    a spin that calls ``sched_yield``, so a waiting rank is always runnable and counts run-queue
+    wait whenever another thread takes the CPU, busy host or not. Columns: ``host``, ``ranks``
+    (list), ``runq_ms`` and ``work_ms`` (per step, outside synchronize: medians over its ranks of
+    their medians over the analyzed steps), ``work_share`` (``runq_ms / work_ms``),
+    ``worst_rank`` and ``worst_runq_ms``, ``short`` (``work_share >= CONTENTION_STEP_SHARE``).
+    Sorted by ``work_share``, largest first.
     """
-    cols = ["host", "ranks", "runq_ms", "step_ms", "step_share", "worst_rank", "worst_runq_ms"]
+    cols = ["host", "ranks", "runq_ms", "work_ms", "work_share", "worst_rank", "worst_runq_ms"]
     s = analyzed_steps(steps, skip_steps)
     if s.empty or "step_runq_ns" not in s.columns:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in [*cols, "short"]})
-    per_rank = s.groupby("rank")[["step_runq_ns", "step_ns"]].median()
+    wait_runq = s["wait_runq_ns"].fillna(0) if "wait_runq_ns" in s.columns else 0.0
+    wait = s["wait_ns"].fillna(0) if "wait_ns" in s.columns else 0.0
+    s = s.assign(work_runq_ns=s["step_runq_ns"] - wait_runq, work_ns=s["step_ns"] - wait)
+    per_rank = s.groupby("rank")[["work_runq_ns", "work_ns"]].median()
     per_rank["host"] = [hosts.get(int(r), "?") for r in per_rank.index]
     rows = []
     for host, g in per_rank.groupby("host", sort=True):
-        runq_ms = float(g["step_runq_ns"].median()) / 1e6
-        step_ms = float(g["step_ns"].median()) / 1e6
-        if not (np.isfinite(runq_ms) and step_ms > 0):
+        runq_ms = float(g["work_runq_ns"].median()) / 1e6
+        work_ms = float(g["work_ns"].median()) / 1e6
+        if not (np.isfinite(runq_ms) and work_ms > 0):
             continue
-        worst = int(g["step_runq_ns"].idxmax())
+        worst = int(g["work_runq_ns"].idxmax())
         rows.append(
-            (host, [int(r) for r in g.index], runq_ms, step_ms, runq_ms / step_ms, worst,
-             float(g.loc[worst, "step_runq_ns"]) / 1e6)
+            (host, [int(r) for r in g.index], runq_ms, work_ms, runq_ms / work_ms, worst,
+             float(g.loc[worst, "work_runq_ns"]) / 1e6)
         )  # fmt: skip
     out = pd.DataFrame(rows, columns=cols)
-    out["short"] = out["step_share"] >= CONTENTION_STEP_SHARE
-    return out.sort_values("step_share", ascending=False, kind="stable").reset_index(drop=True)
+    out["short"] = out["work_share"] >= CONTENTION_STEP_SHARE
+    return out.sort_values("work_share", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def arrival_table(steps: pd.DataFrame) -> pd.DataFrame:

@@ -345,7 +345,7 @@ def analyze(
     a.limiting_link = limiting_link(
         a.links,
         a.comm.get("busbw_gbps", float("nan")),
-        dict(zip(cont["host"], cont["step_share"].astype(float))),
+        dict(zip(cont["host"], cont["work_share"].astype(float))),
     )
     a.problems = list(run.problems) + salvaged
     a.missing_ranks = list(run.missing_ranks)

@@ -131,7 +131,8 @@ def test_a_slow_host_is_named_not_its_ranks(hosts, tmp_path: Path) -> None:
 def test_a_host_short_of_cpu_is_named_for_contention(hosts, tmp_path: Path) -> None:
     """Host 2's processes together get 40 % of one CPU (a cgroup quota), nothing is injected
     into the job: the first contention finding is host 2's, its ranks waiting for a CPU most of
-    the step (host 1's two ranks on two cores wait too, far less), and no rank of host 1 is
+    their time outside synchronize (host 1's two ranks on two cores wait too, far less), and no
+    rank of host 1 is
     named a straggler."""
     hosts("--hosts", "2", "--cpu-pct", "2=40")
     _train(tmp_path / "run", 4, 20)
@@ -140,9 +141,9 @@ def test_a_host_short_of_cpu_is_named_for_contention(hosts, tmp_path: Path) -> N
     found = [f for f in a.findings if f.kind == "contention" and "host" in f.data]
     assert found and found[0].data["host"] == "hvc2", msgs
     assert sorted(found[0].data["ranks"]) == [2, 3]
-    assert found[0].data["step_share"] >= 0.5, msgs
-    others = [f.data["step_share"] for f in found[1:]]
-    assert all(s < 0.5 * found[0].data["step_share"] for s in others), msgs
+    assert found[0].data["work_share"] >= 0.5, msgs
+    others = [f.data["work_share"] for f in found[1:]]
+    assert all(s < 0.5 * found[0].data["work_share"] for s in others), msgs
     assert not set(a.stragglers["rank"]) & {0, 1}, a.verdicts
 
 

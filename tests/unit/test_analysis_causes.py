@@ -69,7 +69,7 @@ def test_an_oversubscribed_balanced_run_says_contention(tmp_path: Path) -> None:
     assert a.stragglers.empty
     f = [f for f in a.findings if f.kind == "contention"]
     assert len(f) == 1 and "CPU contention on host" in f[0].message
-    assert f[0].data["step_share"] == pytest.approx(0.3, abs=0.06)
+    assert f[0].data["work_share"] == pytest.approx(0.3, abs=0.06)
     # not on a run without run-queue wait
     b = analyze(open_run(_synth(tmp_path / "b", slow_rank=-1)))
     assert not [f for f in b.findings if f.kind == "contention"]
