@@ -17,7 +17,7 @@ import pandas as pd
 from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.analysis.stragglers import StragglerConfig, host_contention, median_of_others
+from hvtrace.analysis.stragglers import StragglerConfig, median_of_others
 from hvtrace.units import format_bytes
 
 #: A run is communication-bound when at least this share of its steps is (see step_summary).
@@ -304,7 +304,7 @@ def _contention(a: Analysis) -> list[Finding]:
     st = a.stragglers
     advised = set(st.loc[st["cause"] == "contention", "host"]) if "cause" in st else set()
     out = []
-    for h in host_contention(a.steps, a.skip_steps, a.hosts).itertuples():
+    for h in a.contention.itertuples():
         if not h.short:
             continue
         where = f"host {h.host}" if h.host != "?" else "this host"

@@ -108,6 +108,8 @@ class Analysis:
     #: The engine that ran the per-rank pass: ``{"name": "duckdb"}`` (this process) or
     #: ``{"name": "dask", "scheduler", "tasks", "tasks_by_worker"}``; empty for a frame.
     engine: dict[str, Any] = field(default_factory=dict)
+    #: :func:`hvtrace.analysis.stragglers.host_contention` (empty without the cause counters).
+    contention: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: :func:`hvtrace.analysis.hangs.find_hangs` (empty for a frame or a run without stalls).
     hangs: list[dict[str, Any]] = field(default_factory=list)
     #: :func:`hvtrace.analysis.whatif.whatif_summary` (empty when it cannot be replayed).

@@ -162,6 +162,7 @@ def analyze_tables(
         stragglers=named,
         slow_hosts=hosts_df,
         whatif=whatif_summary(model, named, hosts_df),
+        contention=cont,
         clock_uncertainty_ns=dict(clock_uncertainty or {}),
         horovod_env=dict(horovod_env or {}),
         optimizer=dict(optimizer or {}),
@@ -341,7 +342,7 @@ def analyze(
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)
     a.links = link_table(connection_rows(run.files, run.hosts))
-    cont = host_contention(a.steps, a.skip_steps, a.hosts)
+    cont = a.contention
     a.limiting_link = limiting_link(
         a.links,
         a.comm.get("busbw_gbps", float("nan")),

@@ -34,7 +34,6 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.analysis.stragglers import median_of_others
 
 #: Phases whose duration the what-if can set to the other ranks' median (``update`` is the
 #: previous step's, which precedes this step's work).
@@ -127,16 +126,12 @@ def without_ranks(model: StepModel, ranks: list[int], phase: str | None = None) 
 
 
 def rank_costs(model: StepModel) -> pd.DataFrame:
-    """Per rank, what the job would gain if that rank alone worked like the others' median:
-    ``lost_ms_per_step`` (mean over the steps) and ``lost_share`` (of the run's step time)."""
-    typical = median_of_others(model.work_ms)
-    total = float(np.nansum(model.step_ms))
+    """Per rank, what the job would gain if that rank alone worked like the others' median
+    (:func:`cost` of that rank): ``lost_ms_per_step`` and ``lost_share``."""
     rows = []
-    for i, r in enumerate(model.ranks):
-        w = model.work_ms.copy()
-        w[:, i] = np.minimum(w[:, i], typical[:, i])
-        lost = np.clip(model.step_ms - model.replay(w), 0, None)
-        rows.append((r, float(np.nanmean(lost)), float(np.nansum(lost)) / total if total else 0))
+    for r in model.ranks:
+        c = cost(model, [r])
+        rows.append((r, c["lost_ms_per_step"], c["lost_share"]))
     return pd.DataFrame(rows, columns=["rank", "lost_ms_per_step", "lost_share"])
 
 
