@@ -54,12 +54,16 @@ KINDS: Final[tuple[str, ...]] = (
     "user",  # hvtrace.span(name)
     "scalar",  # hvtrace.scalar(name, value): a point event, value in the value column
     "clock",  # a clock-offset estimate: value = offset to rank 0 in ns, bytes = uncertainty in ns
+    # a Horovod collective issued outside the traced optimizer (hvd.allreduce, broadcast_object,
+    # SyncBatchNorm, join, ...): name "<op>|<phase>|<tensor name>", value = ns blocked in it
+    "collective",
 )
 KIND_CODE: Final[dict[str, int]] = {k: i for i, k in enumerate(KINDS)}
 
 #: Flag bits of the ``flags`` column.
 FLAG_CUDA: Final = 1  # times come from CUDA events (device time), not the host clock
 FLAG_END_UPPER_BOUND: Final = 2  # end is when the host observed completion, an upper bound
+FLAG_OWN: Final = 4  # a collective hvtrace itself issued (clock handshake): not the user's
 
 #: Columns of a trace file, in order. ``name`` is dictionary-encoded with delta dictionaries.
 FILE_SCHEMA: Final = pa.schema(

@@ -12,7 +12,7 @@ VENV=${VENV:-.venv}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 HOROVOD_VERSION=0.28.1
 CACHE=${HVTRACE_WHEEL_CACHE:-$HOME/.cache/hvtrace/wheels}
-EXTRAS=${HVTRACE_EXTRAS:-dev,dashboard}
+EXTRAS=${HVTRACE_EXTRAS:-dev,dashboard,lightning}
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 if [ ! -x "$VENV/bin/python" ]; then

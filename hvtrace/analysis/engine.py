@@ -38,10 +38,11 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.bandwidth import finish_collectives
+from hvtrace.analysis.outside import merge_partials
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
 from hvtrace.clock import offset_at
 from hvtrace.load import RankSource, span_relation
-from hvtrace.schema import KINDS
+from hvtrace.schema import FLAG_OWN, KINDS
 from hvtrace.selection import StepRange
 
 #: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
@@ -51,10 +52,11 @@ GROUP_SPANS = 4_000_000
 _KIND_CODE_SQL = (
     "CASE kind "
     + " ".join(
-        f"WHEN '{k}' THEN {i}"
-        if k != "user"
-        else f"WHEN 'user' THEN (CASE WHEN starts_with(name, '{INTERNAL_PREFIX}') THEN -1 "
-        f"ELSE {i} END)"
+        f"WHEN 'user' THEN (CASE WHEN starts_with(name, '{INTERNAL_PREFIX}') THEN -1 ELSE {i} END)"
+        if k == "user"
+        else f"WHEN 'collective' THEN (CASE WHEN (flags & {FLAG_OWN}) <> 0 THEN -1 ELSE {i} END)"
+        if k == "collective"
+        else f"WHEN '{k}' THEN {i}"
         for i, k in enumerate(KINDS)
     )
     + " ELSE -1 END::SMALLINT"
@@ -100,6 +102,8 @@ class GroupSummary:
     row_groups_read: int = 0
     row_groups_total: int = 0
     worker: str = ""  # the Dask worker that made it ("" for the local engine)
+    #: partial per (step, name, occurrence) of the collectives outside the optimizer (None: none)
+    outside: pd.DataFrame | None = None
 
 
 class Engine:
@@ -161,7 +165,8 @@ class Engine:
             where = steps.sql("step") if steps is not None else "TRUE"
             table = self.con.sql(
                 f"SELECT rank, step, {_KIND_CODE_SQL} AS k, start_ns, end_ns, bytes, "
-                "cpu_ns::DOUBLE AS cpu_ns, runq_ns::DOUBLE AS runq_ns "
+                "cpu_ns::DOUBLE AS cpu_ns, runq_ns::DOUBLE AS runq_ns, "
+                "CASE WHEN kind = 'collective' THEN value END AS blocked_ns "
                 f"FROM ({src}) WHERE {where} AND kind NOT IN ('scalar', 'clock')",
                 params=params,
             ).to_arrow_table()
@@ -235,11 +240,20 @@ class Engine:
                         "runq_ns": pd.Series(dtype=np.float64),
                     }
                 )
+            outside = None
+            if rows.attrs.get("has_collectives", True):
+                con.register("hv_offsets", off)
+                try:
+                    outside = con.execute(
+                        OUTSIDE_PARTIAL_SQL.format(table=table, on=on, where=where), params
+                    ).df()
+                finally:
+                    con.unregister("hv_offsets")
         finally:
             self._unregister(registered)
         rg_read = sum(s.row_groups_read for s in sources)
         rg_total = sum(s.row_groups_total for s in sources)
-        return GroupSummary(rows, users, coll, n_read, rg_read, rg_total)
+        return GroupSummary(rows, users, coll, n_read, rg_read, rg_total, outside=outside)
 
     #: The collectives accumulator is merged once it holds more rows than this (and twice its
     #: size after the last merge).
@@ -302,6 +316,26 @@ class Engine:
             self.con.unregister(name)
 
 
+#: Stage 3's partial of the collectives issued outside the optimizer: one row per (step, name,
+#: occurrence: the k-th call of that name in that step on each rank, which is how Horovod pairs
+#: them across ranks), times on rank 0's clock. Partials of several groups combine with
+#: :func:`hvtrace.analysis.outside.merge_partials`. hvtrace's own collectives are left out.
+OUTSIDE_PARTIAL_SQL = f"""WITH c AS (
+    SELECT s.rank, s.step, s.name, s.bytes,
+        s.start_ns - coalesce(o.off_ns, 0) AS st, s.end_ns - coalesce(o.off_ns, 0) AS en,
+        least(greatest(coalesce(s.value, s.end_ns - s.start_ns), 0), s.end_ns - s.start_ns)
+            AS blocked,
+        row_number() OVER (PARTITION BY s.rank, s.step, s.name ORDER BY s.start_ns) AS occ
+    FROM {{table}} s LEFT JOIN hv_offsets o ON {{on}}
+    WHERE s.kind = 'collective' AND (s.flags & {FLAG_OWN}) = 0 AND {{where}})
+SELECT step::BIGINT AS step, name::VARCHAR AS name, occ::BIGINT AS occ,
+    count(*)::BIGINT AS n_spans, max(bytes)::BIGINT AS bytes,
+    min(st)::BIGINT AS first_start_ns, max(st)::BIGINT AS last_start_ns,
+    arg_max(rank, st)::BIGINT AS last_rank, sum(st::DOUBLE) AS sum_start_ns,
+    sum(greatest(en - st, 0)::DOUBLE) AS sum_flight_ns, sum(blocked::DOUBLE) AS sum_blocked_ns
+FROM c GROUP BY step, name, occ"""
+
+
 class _Names:
     """Unique names for the tables an engine registers (``hv_table_1``, ...)."""
 
@@ -327,10 +361,12 @@ def reduce_steps(
         np.asarray(cols["bytes"]),
         _nan_floats(cols.get("cpu_ns")),
         _nan_floats(cols.get("runq_ns")),
+        _nan_floats(cols.get("blocked_ns")),
     )
     offsets = _align(rows, sources)
-    # whether the group has user spans at all (else stage 3 skips their query)
+    # whether the group has user spans and collectives at all (else stage 3 skips their query)
     rows.attrs["has_users"] = bool((np.asarray(cols["k"]) == KINDS.index("user")).any())
+    rows.attrs["has_collectives"] = bool((np.asarray(cols["k"]) == KINDS.index("collective")).any())
     return rows, offsets, len(cols["k"])
 
 
@@ -356,6 +392,7 @@ def _align(rows: pd.DataFrame, sources: Sequence[RankSource]) -> pd.DataFrame:
         rows["start_ns"] = rows["start_ns"].to_numpy(dtype=np.int64) - off
         rows["end_ns"] = rows["end_ns"].to_numpy(dtype=np.int64) - off
         rows["arrival_ns"] = rows["arrival_ns"] - off
+        rows["coll_arrival_ns"] = rows["coll_arrival_ns"] - off
     return pd.DataFrame(
         {
             "rank": rows["rank"].to_numpy(np.int64),
@@ -405,6 +442,9 @@ class Summaries:
     #: Which engine made them: ``{"name": "duckdb"}``, or for Dask also ``scheduler``,
     #: ``tasks`` and ``tasks_by_worker`` (worker address -> tasks it ran).
     engine: dict[str, Any] = field(default_factory=lambda: {"name": "duckdb"})
+    #: Collectives outside the optimizer, per (step, name, occurrence), every rank's partials
+    #: combined (:func:`hvtrace.analysis.outside.merge_partials`).
+    outside: pd.DataFrame = field(default_factory=lambda: merge_partials([]))
 
 
 def cross_rank(
@@ -432,6 +472,7 @@ def cross_rank(
         sum(p.spans_read for p in parts),
         sum(p.row_groups_read for p in parts),
         sum(p.row_groups_total for p in parts),
+        outside=merge_partials([p.outside for p in parts]),
     )
 
 
@@ -443,9 +484,11 @@ def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summ
     cols["name"] = spans["name"] if "name" in spans.columns else spans["kind"].astype(str)
     cols["bytes"] = spans["bytes"] if "bytes" in spans.columns else np.zeros(n, np.int64)
     cols["dtype"] = spans["dtype"] if "dtype" in spans.columns else np.full(n, "", object)
-    for c in ("cpu_ns", "runq_ns"):  # absent: read as NULL (a version 1 file's spans)
+    for c in ("cpu_ns", "runq_ns", "value"):  # absent: read as NULL (a version 1 file's spans)
         if c in spans.columns:
             cols[c] = spans[c].astype("float64")
+    if "flags" in spans.columns:
+        cols["flags"] = spans["flags"].fillna(0).astype(np.uint8)
     frame = pd.DataFrame(cols).astype({"rank": np.int32, "step": np.int32})
     frame = frame.astype({"start_ns": np.int64, "end_ns": np.int64, "bytes": np.int64})
     import pyarrow as pa

@@ -16,9 +16,10 @@ import pandas as pd
 
 from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
+from hvtrace.analysis.outside import split_name
 from hvtrace.analysis.steps import analyzed_steps
 from hvtrace.analysis.stragglers import StragglerConfig, median_of_others
-from hvtrace.units import format_bytes
+from hvtrace.units import format_bytes, printable
 
 #: A run is communication-bound when at least this share of its steps is (see step_summary).
 COMM_BOUND_STEPS: Final = 0.5
@@ -28,6 +29,9 @@ SMALL_BYTES: Final = 256 * 1024
 #: A straggler or slow host that costs the job less than this share of the run (the what-if
 #: replay: :mod:`hvtrace.analysis.whatif`) is reported as info, not as a warning.
 STRAGGLER_WARN_SHARE: Final = 0.02
+#: A collective outside the optimizer is reported when the ranks are blocked in it for at least
+#: this share of the median step.
+OUTSIDE_STEP_SHARE: Final = 0.05
 #: Rank 0's extra time between steps must be this share of the step (median) or of the run.
 RANK0_STEP_SHARE: Final = 0.10
 RANK0_RUN_SHARE: Final = 0.05
@@ -68,6 +72,7 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
     out += _contention(a)
     unexplained = _unexplained(a)
     out += unexplained
+    out += _outside(a)
     out += _comm_bound(a)
     out += _small_allreduces(a)
     if a.stragglers.empty and a.slow_hosts.empty and len(a.ranks) > 1 and not unexplained:
@@ -105,6 +110,12 @@ def _hangs(a: Analysis) -> list[Finding]:
                 if h["ranks"]
                 else "every rank waits: they issued different collectives (names, order)"
             )
+            elsewhere = h.get("in_collective") or {}
+            if elsewhere:
+                who += "; " + "; ".join(
+                    f"rank {r} waits in {_span_words(c)}, which the others did not issue"
+                    for r, c in list(elsewhere.items())[:4]
+                )
             msg = (
                 f"hang at step {h['step']}: {waiting} waited {h['waited_s']:.0f} s or more in "
                 f"synchronize{what}; {who}"
@@ -550,6 +561,80 @@ def _small_allreduces(a: Analysis) -> list[Finding]:
             {"tensor_bytes_median": b},
         )
     ]
+
+
+# -- collectives outside the optimizer -------------------------------------------------------------
+def _outside(a: Analysis) -> list[Finding]:
+    """A collective outside the optimizer that blocks a large share of the step: either the
+    ranks wait in it for one late rank (``collective_wait``), or it costs that much by itself
+    (``collective_cost``)."""
+    t = a.outside
+    if t is None or t.empty:
+        return []
+    out = []
+    for _, r in t.iterrows():
+        share = float(r["step_share"])
+        if not np.isfinite(share) or share < OUTSIDE_STEP_SHARE:
+            continue
+        what = _collective_words(r)
+        data = {
+            "op": str(r["op"]),
+            "phase": str(r["phase"]),
+            "name": str(r["name"]),
+            "count_per_step": _f(r["count_per_step"]),
+            "blocked_ms_per_step": _f(r["blocked_ms_per_step"]),
+            "step_share": _f(share),
+        }
+        rank, late = int(r["late_rank"]), float(r["late_share"])
+        need = 0.75 if int(r["ranks"]) == 2 else 0.5
+        wait = float(r["wait_for_last_ms"])
+        per_call = float(r["blocked_ms_per_step"]) / max(float(r["count_per_step"]), 1e-9)
+        if rank >= 0 and np.isfinite(late) and late >= need and wait >= 0.5 * per_call:
+            data |= {"rank": rank, "last_share": late, "wait_for_last_ms": wait}
+            out.append(
+                Finding(
+                    "collective_wait",
+                    "warning",
+                    f"ranks wait {wait:.1f} ms per call in {what} for rank {rank}, the last to "
+                    f"issue it in {late:.0%} of calls ({share:.0%} of each step blocked in it): "
+                    f"rank {rank} is late before the call; the collective itself is not slow",
+                    wait,
+                    "ms",
+                    data,
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "collective_cost",
+                    "warning",
+                    f"{what} blocks {share:.0%} of each step "
+                    f"({r['blocked_ms_per_step']:.1f} ms, {r['count_per_step']:.2g} calls per "
+                    f"step): reduce metrics every N steps instead of every step, or issue them "
+                    f"with the _async form and synchronize the handle where the result is needed",
+                    float(r["blocked_ms_per_step"]),
+                    "ms",
+                    data,
+                )
+            )
+    return out
+
+
+def _collective_words(r: Any) -> str:
+    """``hvd.allreduce (sum) 'loss' issued in backward`` for a row of ``Analysis.outside`` (or
+    anything with ``op``, ``name`` and ``phase``)."""
+    op = str(r["op"])
+    fn, _, red = op.partition(".")
+    name = f" {printable(r['name'])!r}" if r["name"] else ""
+    return f"hvd.{printable(fn)}{f' ({printable(red)})' if red else ''}{name} issued in " + (
+        printable(r["phase"]) if r["phase"] != "outside" else "no step"
+    )
+
+
+def _span_words(span_name: str) -> str:
+    """:func:`_collective_words` of a collective's span name (``op|phase|tensor``)."""
+    op, phase, name = split_name(span_name)
+    return _collective_words({"op": op, "phase": phase, "name": name})
 
 
 # -- helpers ---------------------------------------------------------------------------------------

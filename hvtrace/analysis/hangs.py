@@ -16,8 +16,10 @@ from typing import Any
 MAX_TENSORS = 8
 
 
-def _stall_records(files: dict[int, Any]) -> list[tuple[int, int, float, list[str]]]:
-    """``(rank, step, waited_s, pending)`` of every well-formed stall record."""
+def _stall_records(files: dict[int, Any]) -> list[tuple[int, int, float, list[str], str | None]]:
+    """``(rank, step, waited_s, pending, collective)`` of every well-formed stall record
+    (``collective``: the span name of the collective outside the optimizer it waited in, else
+    None: it waited in the optimizer's ``synchronize``)."""
     out = []
     for rank, f in files.items():
         for rec in getattr(f, "stalls", None) or []:
@@ -34,7 +36,9 @@ def _stall_records(files: dict[int, Any]) -> list[tuple[int, int, float, list[st
                 if isinstance(pending, list)
                 else []
             )
-            out.append((int(rank), step, float(waited), names))
+            coll = rec.get("collective")
+            coll = str(coll)[:300] if isinstance(coll, str) else None
+            out.append((int(rank), step, float(waited), names, coll))
     return out
 
 
@@ -46,22 +50,33 @@ def find_hangs(files: dict[int, Any], expected_ranks: list[int]) -> list[dict[st
     rank never got past the step in its file), ``ranks`` (those that did not arrive: neither
     waited in that step nor got past it), ``waiting_ranks``, ``tensor`` (the first tensor the
     waiting ranks waited for, the most common first pending name), ``tensors`` (all of them, up
-    to :data:`MAX_TENSORS`) and ``waited_s`` (the longest wait noted).
+    to :data:`MAX_TENSORS`), ``waited_s`` (the longest wait noted) and ``in_collective``:
+    rank -> the collective outside the optimizer (span name ``op|phase|tensor``) that a rank
+    which did not arrive waits in (a metric allreduce only it issued, say).
+
+    Waits in the optimizer's ``synchronize`` make the hangs; waits in a collective outside it
+    explain who did not arrive (they make hangs of their own only when no rank waits in the
+    optimizer).
     """
-    recs = _stall_records(files)
-    if not recs:
+    every = _stall_records(files)
+    if not every:
         return []
+    in_coll: dict[int, str] = {}
+    for r, _s, _w, _p, coll in sorted(every, key=lambda x: x[2]):  # the longest wait wins
+        if coll is not None:
+            in_coll[r] = coll
+    recs = [x for x in every if x[4] is None] or every
     out = []
-    for step in sorted({s for _, s, _, _ in recs}, reverse=True):
+    for step in sorted({s for _, s, _, _, _ in recs}, reverse=True):
         here = [r for r in recs if r[1] == step]
-        waiting = sorted({r for r, _, _, _ in here})
+        waiting = sorted({r for r, _, _, _, _ in here})
         # its step counter (the step it was in at its last flush) went beyond: it got past
         past = {r for r, f in files.items() if int(getattr(f, "last_step", -1)) > step}
         hung = any(r not in past for r in waiting)
         missing = [r for r in expected_ranks if r not in waiting and r not in past]
         firsts: dict[str, int] = {}
         tensors: list[str] = []
-        for _, _, _, names in here:
+        for _, _, _, names, _ in here:
             if names:
                 firsts[names[0]] = firsts.get(names[0], 0) + 1
             tensors += [n for n in names if n not in tensors]
@@ -74,7 +89,10 @@ def find_hangs(files: dict[int, Any], expected_ranks: list[int]) -> list[dict[st
                 "waiting_ranks": waiting,
                 "tensor": first,
                 "tensors": tensors[:MAX_TENSORS],
-                "waited_s": max(w for _, _, w, _ in here),
+                "waited_s": max(w for _, _, w, _, _ in here),
+                "in_collective": {
+                    str(r): c for r, c in sorted(in_coll.items()) if r not in waiting
+                },
             }
         )
     return out

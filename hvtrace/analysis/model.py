@@ -116,6 +116,9 @@ class Analysis:
     whatif: dict[str, Any] = field(default_factory=dict)
     links: pd.DataFrame = field(default_factory=pd.DataFrame)
     limiting_link: dict[str, Any] | None = None
+    #: :func:`hvtrace.analysis.outside.outside_table`: collectives issued outside the optimizer,
+    #: per source (empty when none).
+    outside: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def analyzed(self) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.overlap import intersection_merged, merge_intervals
-from hvtrace.schema import KIND_CODE, KINDS
+from hvtrace.schema import FLAG_OWN, KIND_CODE, KINDS
 
 #: The phases of a step, in time order. They do not overlap each other.
 PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
@@ -35,7 +35,11 @@ CAUSE_PHASES: Final[tuple[str, ...]] = (
     "compute",
     "wait",
     "update",
+    "collective",  # the blocked part of collectives outside the optimizer
 )
+#: Phases counted net of the time blocked in collectives outside the optimizer issued in them
+#: (``wait`` is communication already).
+NET_PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "update")
 #: User spans whose name starts with this are hvtrace's own (the clock collective), not user work.
 INTERNAL_PREFIX: Final = "hvtrace."
 #: Duration columns of :func:`step_table`, in report order (all in ns).
@@ -47,6 +51,9 @@ DURATION_COLUMNS: Final[tuple[str, ...]] = (
     "compute_ns",
     "model_ns",
     "allreduce_ns",
+    "collective_ns",
+    "collective_wait_ns",
+    "comm_ns",
     "hidden_ns",
     "wait_ns",
     "update_ns",
@@ -83,11 +90,16 @@ def name_codes(spans: pd.DataFrame) -> tuple[np.ndarray, pd.Index]:
 
 
 def internal_mask(spans: pd.DataFrame, kinds: np.ndarray | None = None) -> np.ndarray:
-    """True for hvtrace's own user spans (``hvtrace.clock_sync``), which are not user work."""
+    """True for hvtrace's own user spans (``hvtrace.clock_sync``) and collectives (flag
+    ``FLAG_OWN``), which are not user work."""
     kinds = kind_codes(spans) if kinds is None else kinds
     codes, names = name_codes(spans)
     lut = np.append(np.asarray(names.str.startswith(INTERNAL_PREFIX), dtype=bool), False)
-    return (kinds == _K["user"]) & lut[np.where(codes < 0, len(lut) - 1, codes)]
+    own = (kinds == _K["user"]) & lut[np.where(codes < 0, len(lut) - 1, codes)]
+    if "flags" in spans.columns:
+        flags = spans["flags"].fillna(0).to_numpy(np.int64)
+        own |= (kinds == _K["collective"]) & ((flags & FLAG_OWN) != 0)
+    return own
 
 
 def group_ids(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,6 +156,9 @@ def step_table(spans: pd.DataFrame) -> pd.DataFrame:
             spans[c].to_numpy(dtype=np.float64, na_value=np.nan) if c in spans.columns else None
             for c in ("cpu_ns", "runq_ns")
         ),
+        spans["value"].to_numpy(dtype=np.float64, na_value=np.nan)
+        if "value" in spans.columns
+        else None,
     )
     return finish_steps(rows)
 
@@ -157,6 +172,7 @@ def step_rows(
     nbytes: np.ndarray,
     cpu_ns: np.ndarray | None = None,
     runq_ns: np.ndarray | None = None,
+    blocked_ns: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Reduce spans to one row per (rank, step): the per-rank half of :func:`step_table`.
 
@@ -178,10 +194,21 @@ def step_rows(
       under backward or compute spans; ``overlap`` = hidden / allreduce (NaN without allreduce);
     - ``user_ns``: union of user spans (hvtrace's own excluded); ``other_ns``: step time no phase
       and no user span accounts for (clipped at 0);
+    - collectives issued outside the optimizer (kind ``collective``; hvtrace's own have code -1),
+      with ``blocked_ns`` (per span, the time the thread was blocked in it: the span's
+      ``value``; NaN: all of it): ``collective_ns``, the union of their intervals in flight;
+      ``collective_wait_ns``, the union of the intervals blocked in them (each the last
+      ``blocked_ns`` of its span), which is communication: it is taken out of the phase it fell
+      in (``input_ns`` ... ``update_ns`` and ``model_ns`` are net of it) and out of ``other_ns``;
+      ``n_collective``, ``collective_bytes``;
+    - ``comm_ns``: union of the allreduce and collective intervals (= ``allreduce_ns`` without
+      collectives); ``hidden_ns`` and ``overlap`` are of ``comm_ns`` (the blocked time is never
+      hidden);
     - ``n_allreduce``, ``allreduce_bytes``: tensors allreduced and their bytes (after compression);
     - ``arrival_ns``: when the rank's last gradient became ready (latest allreduce enqueue; NA
-      without allreduce);
-    - ``comm_compute_ratio`` = allreduce / model time; ``algbw_gbps`` = allreduce_bytes /
+      without allreduce); ``coll_arrival_ns``: when it issued its first collective outside the
+      optimizer in the step (NA without), the step's other meeting point with the other ranks;
+    - ``comm_compute_ratio`` = comm / model time; ``algbw_gbps`` = allreduce_bytes /
       allreduce_ns (a lower bound: the union includes waiting for other ranks);
     - with ``cpu_ns`` / ``runq_ns`` (per span, NaN where not measured), for each of
       :data:`CAUSE_PHASES` measured in the group: ``X_cpu_ns`` (the recording thread's CPU time
@@ -201,11 +228,13 @@ def step_rows(
         for c, v in (("cpu", cpu_ns), ("runq", runq_ns))
         if v is not None and len(v) and not np.isnan(np.asarray(v, dtype=np.float64)).all()
     }
+    blocked = None if blocked_ns is None else np.asarray(blocked_ns, dtype=np.float64)
     if not real_rows.all():
         keep = np.flatnonzero(real_rows)
         rank, step, kinds = np.asarray(rank)[keep], np.asarray(step)[keep], kinds[keep]
         start, end, nbytes = start[keep], end[keep], nbytes[keep]
         causes = {c: v[keep] for c, v in causes.items()}
+        blocked = None if blocked is None else blocked[keep]
     gid, g_rank, g_step = group_ids(rank, step)
     n = len(g_rank)
     kk = kinds.astype(np.int64)
@@ -235,38 +264,70 @@ def step_rows(
     out["end_ns"] = en
     step_ns = np.where(has_step, sums[:, _K["step"]], np.nan)
     out["step_ns"] = step_ns
-    for k in PHASES:
-        out[f"{k}_ns"] = sums[:, _K[k]]
-    out["model_ns"] = sums[:, _K["forward"]] + sums[:, _K["backward"]] + sums[:, _K["compute"]]
-
     ar = np.flatnonzero(kinds == _K["allreduce"])
+    coll = np.flatnonzero(kinds == _K["collective"])
     hide = np.flatnonzero((kinds == _K["backward"]) | (kinds == _K["compute"]))
     g_ar, s_ar = gid[ar], start[ar]
     m_ar = merge_intervals(g_ar, s_ar, end[ar])
     m_hide = merge_intervals(gid[hide], start[hide], end[hide])
-    allreduce = np.bincount(m_ar[0], weights=m_ar[2] - m_ar[1], minlength=n)
-    allreduce = allreduce.round().astype(np.int64)
+    allreduce = _union(m_ar, n)
     hidden = intersection_merged(m_ar, m_hide, n)
+    comm, coll_union, coll_wait = allreduce, np.zeros(n, np.int64), np.zeros(n, np.int64)
+    m_block = None
+    if len(coll):  # communication outside the optimizer: see the docstring
+        both = np.concatenate([ar, coll])
+        m_comm = merge_intervals(gid[both], start[both], end[both])
+        comm = _union(m_comm, n)
+        coll_union = _union(merge_intervals(gid[coll], start[coll], end[coll]), n)
+        length = (end[coll] - start[coll]).astype(np.float64)
+        b = length if blocked is None else blocked[coll]
+        b = np.clip(np.where(np.isfinite(b), b, length), 0, length).astype(np.int64)
+        m_block = merge_intervals(gid[coll], end[coll] - b, end[coll])
+        coll_wait = _union(m_block, n)
+        hidden = intersection_merged(m_comm, m_hide, n) - intersection_merged(m_block, m_hide, n)
+        for k in NET_PHASES:
+            rows_k = np.flatnonzero(kinds == _K[k])
+            if len(rows_k):
+                m_k = merge_intervals(gid[rows_k], start[rows_k], end[rows_k])
+                sums[:, _K[k]] -= intersection_merged(m_block, m_k, n)
+        if causes:  # the phase's counters net of the collective's too
+            _net_counters(causes, gid, kinds, start, end, coll, end[coll] - b // 2)
+    for k in PHASES:
+        out[f"{k}_ns"] = sums[:, _K[k]]
+    out["model_ns"] = sums[:, _K["forward"]] + sums[:, _K["backward"]] + sums[:, _K["compute"]]
     out["allreduce_ns"] = allreduce
+    out["collective_ns"] = coll_union
+    out["collective_wait_ns"] = coll_wait
+    out["comm_ns"] = comm
     out["hidden_ns"] = hidden
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["overlap"] = np.where(allreduce > 0, hidden / np.maximum(allreduce, 1), np.nan)
+        out["overlap"] = np.where(comm > 0, hidden / np.maximum(comm, 1), np.nan)
 
     user = np.flatnonzero(kinds == _K["user"])
     user_union = np.zeros(n, np.int64)
     inside = np.zeros(n, np.int64)
     if len(user):
         m_user = merge_intervals(gid[user], start[user], end[user])
-        user_union = np.bincount(m_user[0], weights=m_user[2] - m_user[1], minlength=n)
-        user_union = user_union.round().astype(np.int64)
+        user_union = _union(m_user, n)
         phase = np.flatnonzero(np.isin(kinds, [_K[k] for k in PHASES]))
-        m_phase = merge_intervals(gid[phase], start[phase], end[phase])
+        if m_block is None:
+            m_phase = merge_intervals(gid[phase], start[phase], end[phase])
+        else:  # blocked collective time is accounted for as well
+            m_phase = merge_intervals(
+                np.concatenate([gid[phase], m_block[0]]),
+                np.concatenate([start[phase], m_block[1]]),
+                np.concatenate([end[phase], m_block[2]]),
+            )
         inside = intersection_merged(m_user, m_phase, n)
     out["user_ns"] = user_union
-    phase_sum = sums[:, [_K[k] for k in PHASES]].sum(axis=1)
+    phase_sum = sums[:, [_K[k] for k in PHASES]].sum(axis=1) + coll_wait
     out["other_ns"] = np.maximum(step_ns - phase_sum - (user_union - inside), 0)
 
     _add_causes(out, causes, gid, kinds, n)
+    out["n_collective"] = counts[:, _K["collective"]]
+    out["collective_bytes"] = np.bincount(gid[coll], weights=nbytes[coll], minlength=n).astype(
+        np.int64
+    )
     out["n_allreduce"] = counts[:, _K["allreduce"]]
     out["allreduce_bytes"] = np.bincount(g_ar, weights=nbytes[ar], minlength=n).astype(np.int64)
     arr = pd.array(np.zeros(n, np.int64), dtype="Int64")
@@ -278,13 +339,62 @@ def step_rows(
         np.maximum.at(mx, g_ar, s_ar)
         arr[has_ar] = mx[has_ar]
     out["arrival_ns"] = arr
+    first_coll = pd.array(np.zeros(n, np.int64), dtype="Int64")
+    first_coll[:] = pd.NA
+    if len(coll):  # the rank's first collective outside the optimizer: a meeting point too
+        mn = np.full(n, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(mn, gid[coll], start[coll])
+        has_coll = counts[:, _K["collective"]] > 0
+        first_coll[has_coll] = mn[has_coll]
+    out["coll_arrival_ns"] = first_coll
     with np.errstate(invalid="ignore", divide="ignore"):
         model = out["model_ns"].to_numpy()
-        out["comm_compute_ratio"] = np.where(model > 0, allreduce / np.maximum(model, 1), np.nan)
+        out["comm_compute_ratio"] = np.where(model > 0, comm / np.maximum(model, 1), np.nan)
         out["algbw_gbps"] = np.where(
             allreduce > 0, out["allreduce_bytes"].to_numpy() / np.maximum(allreduce, 1), np.nan
         )
     return out
+
+
+def _net_counters(
+    causes: dict[str, np.ndarray],
+    gid: np.ndarray,
+    kinds: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    coll: np.ndarray,
+    at: np.ndarray,
+) -> None:
+    """Subtract each collective's counters (``causes``' rows ``coll``) from those of the phase
+    span (:data:`NET_PHASES`) containing time ``at`` of it, in place. A collective without
+    counters makes that phase's unmeasured (NaN): its share of the phase is unknown."""
+    ph = np.flatnonzero(np.isin(kinds, [_K[k] for k in NET_PHASES]))
+    if not len(ph) or not len(coll):
+        return
+    # events sorted by (group, time); a phase start sorts before a collective at the same time
+    g = np.concatenate([gid[ph], gid[coll]])
+    t = np.concatenate([start[ph], at])
+    is_ph = np.concatenate([np.ones(len(ph), bool), np.zeros(len(coll), bool)])
+    order = np.lexsort((~is_ph, t, g))
+    pos = np.where(is_ph[order], np.arange(len(order)), -1)
+    last_ph = np.maximum.accumulate(pos)  # the latest phase start at or before each event
+    ev_coll = np.flatnonzero(~is_ph[order])
+    cand = last_ph[ev_coll]
+    ok = cand >= 0
+    which = np.where(ok, order[np.maximum(cand, 0)], 0)  # index into ph
+    coll_i = order[ev_coll] - len(ph)  # index into coll
+    phase_row = ph[which]
+    ok &= (gid[phase_row] == gid[coll[coll_i]]) & (end[phase_row] >= at[coll_i])
+    phase_row, coll_rows = phase_row[ok], coll[coll_i[ok]]
+    for c, v in causes.items():
+        causes[c] = v = v.copy()  # the caller's arrays stay as they were
+        np.subtract.at(v, phase_row, v[coll_rows])
+
+
+def _union(merged: tuple[np.ndarray, np.ndarray, np.ndarray], n: int) -> np.ndarray:
+    """Per group, the total length of merged intervals (ns, int64)."""
+    g, lo, hi = merged[0], merged[1], merged[2]
+    return np.bincount(g, weights=hi - lo, minlength=n).round().astype(np.int64)
 
 
 def _add_causes(
@@ -328,17 +438,30 @@ def finish_steps(rows: pd.DataFrame, n_ranks: int | None = None) -> pd.DataFrame
 
 
 def _add_lateness(out: pd.DataFrame) -> None:
-    """Add ``lateness_ns`` and ``is_last`` to a step table (in place)."""
-    arr = out["arrival_ns"].astype("float64")  # relative values below keep ns precision
+    """Add ``lateness_ns`` and ``is_last`` to a step table (in place).
+
+    A rank's lateness is how long after the first rank it arrived at the step's meeting points
+    with the others: its last gradient (``arrival_ns``) and, where the step has collectives
+    outside the optimizer, the first of them (``coll_arrival_ns``): a rank late to a metric
+    allreduce makes the others wait there, and they then reach their gradients together. The
+    two add up (a delay before the collective and another after it both hold the others)."""
+    late = _late(out, "arrival_ns")
+    if "coll_arrival_ns" in out.columns and out["coll_arrival_ns"].notna().any():
+        coll = _late(out, "coll_arrival_ns")
+        both = late.notna() | coll.notna()
+        late = (late.fillna(0) + coll.fillna(0)).where(both)
+    n_ranks = late.groupby(out["step"]).transform("count")
+    last = late.groupby(out["step"]).transform("max")
+    out["lateness_ns"] = late
+    out["is_last"] = (late == last) & (n_ranks >= 2) & late.notna()
+
+
+def _late(out: pd.DataFrame, col: str) -> pd.Series:
+    """Per row, ``col`` minus its step's earliest (float ns, NaN where ``col`` is NA)."""
+    arr = out[col].astype("float64")  # relative values below keep ns precision
     base = float(np.nanmin(arr.to_numpy())) if arr.notna().any() else 0.0
-    rel = out["arrival_ns"].astype("Int64") - int(base)
-    rel_f = rel.astype("float64")
-    by_step = rel_f.groupby(out["step"])
-    first = by_step.transform("min")
-    last = by_step.transform("max")
-    n_ranks = by_step.transform("count")
-    out["lateness_ns"] = rel_f - first
-    out["is_last"] = (rel_f == last) & (n_ranks >= 2) & rel_f.notna()
+    rel_f = (out[col].astype("Int64") - int(base)).astype("float64")
+    return rel_f - rel_f.groupby(out["step"]).transform("min")
 
 
 # -- per-rank summary ------------------------------------------------------------------------------
@@ -358,7 +481,7 @@ def rank_summary(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
 
     ``steps``: :func:`step_table` output. For every duration column ``X_ns`` there are ``X_ms``
     (median over the analyzed steps) and ``X_p95_ms``. Also ``steps`` (steps analyzed),
-    ``comm_compute_ratio`` (median of the per-step ratio), ``overlap`` (share of the allreduce
+    ``comm_compute_ratio`` (median of the per-step ratio), ``overlap`` (share of the communication
     union hidden under backward/compute, over all analyzed steps), ``algbw_gbps`` (median),
     ``n_allreduce`` (median tensors per step), ``allreduce_bytes`` (median bytes per step) and
     ``last_share`` (share of the analyzed steps in which the rank arrived last). Where the
@@ -381,8 +504,8 @@ def rank_summary(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
         out[f"{base}_p95_ms"] = p95[c]
     ga = a.groupby("rank", sort=True)
     out["comm_compute_ratio"] = ga["comm_compute_ratio"].median()
-    sums = ga[["hidden_ns", "allreduce_ns"]].sum()
-    out["overlap"] = sums["hidden_ns"] / sums["allreduce_ns"].where(sums["allreduce_ns"] > 0)
+    sums = ga[["hidden_ns", "comm_ns"]].sum()
+    out["overlap"] = sums["hidden_ns"] / sums["comm_ns"].where(sums["comm_ns"] > 0)
     out["algbw_gbps"] = ga["algbw_gbps"].median()
     out["n_allreduce"] = ga["n_allreduce"].median()
     out["allreduce_bytes"] = ga["allreduce_bytes"].median()

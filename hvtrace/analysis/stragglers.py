@@ -559,7 +559,8 @@ CONTENTION_STEP_SHARE: Final = 0.10
 
 def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str]) -> pd.DataFrame:
     """Per host, how much of its ranks' own work is spent waiting for a CPU (runnable, without
-    one): the run-queue wait outside ``synchronize`` over the time outside it.
+    one): the run-queue wait outside ``synchronize`` (and outside the blocked part of collectives
+    outside the optimizer) over the time outside it.
 
     ``steps``: :func:`hvtrace.analysis.steps.step_table` with the cause counters (empty result
     without them). The wait in ``synchronize`` is left out on both sides: Horovod 0.28's wait is
@@ -576,6 +577,9 @@ def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str])
         return pd.DataFrame({c: pd.Series(dtype=object) for c in [*cols, "short"]})
     wait_runq = s["wait_runq_ns"].fillna(0) if "wait_runq_ns" in s.columns else 0.0
     wait = s["wait_ns"].fillna(0) if "wait_ns" in s.columns else 0.0
+    if "collective_runq_ns" in s.columns:  # blocked in a collective: the same spin
+        wait_runq = wait_runq + s["collective_runq_ns"].fillna(0)
+        wait = wait + s["collective_wait_ns"].fillna(0)
     s = s.assign(work_runq_ns=s["step_runq_ns"] - wait_runq, work_ns=s["step_ns"] - wait)
     per_rank = s.groupby("rank")[["work_runq_ns", "work_ns"]].median()
     per_rank["host"] = [hosts.get(int(r), "?") for r in per_rank.index]

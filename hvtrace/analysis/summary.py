@@ -24,7 +24,9 @@ from hvtrace.analysis.findings import make_findings
 from hvtrace.analysis.hangs import find_hangs
 from hvtrace.analysis.links import connection_rows, limiting_link, link_table
 from hvtrace.analysis.model import Analysis, Finding, RankState
+from hvtrace.analysis.outside import merge_partials, outside_table
 from hvtrace.analysis.steps import (
+    analyzed_steps,
     rank_summary,
     user_summary,
 )
@@ -51,8 +53,9 @@ def step_summary(steps: pd.DataFrame, comm_bound_share: float = COMM_BOUND_SHARE
     Columns: ``step``, ``ranks`` (ranks with the complete step), ``step_ms`` (median over
     ranks), ``last_rank`` (the rank whose last gradient was ready last; -1 if unknown),
     ``spread_ms`` (its lateness: how long the first rank waited for it), and, for that last rank,
-    which waited for nobody: ``exposed_ms`` (its ``synchronize()`` wait: communication not hidden),
-    ``comm_ms`` (its allreduce union), ``model_ms``, ``comm_compute_ratio``, ``overlap``;
+    which waited for nobody: ``exposed_ms`` (its ``synchronize()`` wait and its time blocked in
+    collectives outside the optimizer: communication not hidden), ``comm_ms`` (its union of
+    allreduces and collectives), ``model_ms``, ``comm_compute_ratio``, ``overlap``;
     ``exposed_share`` = exposed / step and ``comm_bound`` = exposed_share >= ``comm_bound_share``.
     """
     s = steps[steps["complete"]]
@@ -81,17 +84,26 @@ def step_summary(steps: pd.DataFrame, comm_bound_share: float = COMM_BOUND_SHARE
         last = has.loc[idx.to_numpy()].set_index("step")
     else:
         last = pd.DataFrame(
-            columns=["rank", "lateness_ns", "wait_ns", "allreduce_ns", "model_ns", "overlap"]
+            columns=[
+                "rank",
+                "lateness_ns",
+                "wait_ns",
+                "collective_wait_ns",
+                "comm_ns",
+                "model_ns",
+                "overlap",
+            ]
         )
     out["last_rank"] = last["rank"].reindex(out.index).fillna(-1).astype(np.int64)
     out["spread_ms"] = last["lateness_ns"].reindex(out.index) / 1e6
     ref = last.reindex(out.index)
     if len(has) < len(s):  # steps with no allreduce: use the rank medians
-        med = g[["wait_ns", "allreduce_ns", "model_ns", "overlap"]].median()
+        med = g[["wait_ns", "collective_wait_ns", "comm_ns", "model_ns", "overlap"]].median()
         for c in med.columns:
             ref[c] = ref[c].astype("float64").fillna(med[c])
-    out["exposed_ms"] = ref["wait_ns"].astype("float64") / 1e6
-    out["comm_ms"] = ref["allreduce_ns"].astype("float64") / 1e6
+    exposed = ref["wait_ns"].astype("float64") + ref["collective_wait_ns"].astype("float64")
+    out["exposed_ms"] = exposed / 1e6
+    out["comm_ms"] = ref["comm_ns"].astype("float64") / 1e6
     out["model_ms"] = ref["model_ns"].astype("float64") / 1e6
     out["comm_compute_ratio"] = out["comm_ms"] / out["model_ms"].where(out["model_ms"] > 0)
     out["overlap"] = ref["overlap"].astype("float64")
@@ -114,12 +126,15 @@ def analyze_tables(
     run_id: str = "",
     horovod_env: dict[str, str] | None = None,
     optimizer: dict[str, Any] | None = None,
+    outside: pd.DataFrame | None = None,
 ) -> Analysis:
     """Analyze a run from its summaries: the cross-rank half of every metric.
 
     ``st``: the step table (:func:`hvtrace.analysis.steps.step_table`, or
     :func:`~hvtrace.analysis.steps.finish_steps` of the engine's per-rank pass), ``users``: user
     time per (rank, step, name), ``coll``: :func:`hvtrace.analysis.bandwidth.collective_table`.
+    ``outside``: the collectives outside the optimizer per (step, name, occurrence)
+    (:class:`hvtrace.analysis.engine.Summaries`' ``outside``; None: none).
     Other arguments as for :func:`analyze_spans`. Raises ``ValueError`` when ``st`` is empty.
     """
     if st.empty:
@@ -163,6 +178,9 @@ def analyze_tables(
         slow_hosts=hosts_df,
         whatif=whatif_summary(model, named, hosts_df),
         contention=cont,
+        outside=outside_table(
+            merge_partials([outside]), analyzed_steps(st, skip_steps), len(ranks)
+        ),
         clock_uncertainty_ns=dict(clock_uncertainty or {}),
         horovod_env=dict(horovod_env or {}),
         optimizer=dict(optimizer or {}),
@@ -218,6 +236,7 @@ def analyze_spans(
         run_id=run_id,
         horovod_env=horovod_env,
         optimizer=optimizer,
+        outside=summ.outside,
     )
 
 
@@ -324,6 +343,7 @@ def analyze(
             run_id=run.run_id,
             horovod_env=h0.get("horovod_env") or {},
             optimizer=h0.get("optimizer") or {},
+            outside=summ.outside,
         )
     except ValueError as exc:
         raise TraceError(f"{run.run_dir}: {exc}") from None

@@ -6,9 +6,10 @@ reduced to the dependencies of a data-parallel step. In step ``s`` each rank ``r
     W(r, s) = update(r, s-1) + (arrival(r, s) - start(r, s))
 
 between seeing the previous step's allreduces done and having its last gradient ready (its
-update, then its input gap, forward and backward). Both terms are durations on the rank's own
-clock, so no clock alignment enters. The allreduces cannot finish before the last rank
-arrives, so the job's step time is
+update, then its input gap, forward and backward; time blocked in a collective outside the
+optimizer, such as a metric allreduce, is waiting, not work, and is left out). Both terms are
+durations on the rank's own clock, so no clock alignment enters. The allreduces cannot finish
+before the last rank arrives, so the job's step time is
 
     T(s) = max_r W(r, s) + tail(s)
 
@@ -88,6 +89,8 @@ def step_model(steps: pd.DataFrame, skip_steps: int = 1) -> StepModel | None:
     update = grid("update_ns")
     update_prev = update[prev_rows]
     before = (grid("arrival_ns") - grid("start_ns"))[rows]
+    if "collective_wait_ns" in full.columns:  # blocked in a collective: waiting, not working
+        before = np.maximum(before - grid("collective_wait_ns")[rows], 0)
     work = update_prev + before
     # T(s): per rank, leaving synchronize in s-1 to leaving it in s
     t_rank = grid("step_ns")[rows] - update[rows] + update_prev

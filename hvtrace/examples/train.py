@@ -155,6 +155,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the others never issue it, so every rank hangs)",
     )
     p.add_argument(
+        "--metric-allreduce",
+        action="store_true",
+        help="after each step, average the loss across ranks with hvd.allreduce (name "
+        "'metric.loss'), as a metric logger does",
+    )
+    p.add_argument(
+        "--broadcast-object-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="after this step, rank 0 broadcasts a dict to every rank with hvd.broadcast_object",
+    )
+    p.add_argument(
         "--ab-every",
         type=int,
         default=0,
@@ -270,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
                 opt.step()
             if slow and args.slow_phase == "update":
                 delay(args.slow_ms / 1e3, args.slow_kind)
+            if args.metric_allreduce:
+                hvd.allreduce(loss.detach(), name="metric.loss")
+            if args.broadcast_object_at == i:
+                state = {"step": i, "lr": args.lr, "payload": list(range(1000))}
+                got = hvd.broadcast_object(state if rank == 0 else None, 0, name="config")
+                assert got["step"] == i
             if rank == args.lone_allreduce_rank and i == args.stop_step:
                 hvd.allreduce(loss.detach(), name="metric.loss")  # the others never do
             hvtrace.scalar("loss", float(loss.detach()))

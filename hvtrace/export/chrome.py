@@ -62,7 +62,15 @@ from hvtrace.selection import SelectionError, StepRange
 log = logging.getLogger("hvtrace")
 
 #: Lane groups in display order, and the group of each span kind (-1: not a slice).
-LANE_GROUPS: tuple[str, ...] = ("step", "compute", "wait", "update", "user", "allreduce")
+LANE_GROUPS: tuple[str, ...] = (
+    "step",
+    "compute",
+    "wait",
+    "update",
+    "user",
+    "collective",
+    "allreduce",  # last: the Perfetto writer draws flows from the allreduce lanes at the end
+)
 _KIND_GROUP: dict[str, str] = {
     "step": "step",
     "input": "compute",
@@ -73,6 +81,7 @@ _KIND_GROUP: dict[str, str] = {
     "update": "update",
     "user": "user",
     "allreduce": "allreduce",
+    "collective": "collective",  # outside the optimizer: hvd.allreduce, broadcast_object, ...
 }
 _G_STEP = LANE_GROUPS.index("step")
 _G_ALLREDUCE = LANE_GROUPS.index("allreduce")

@@ -151,6 +151,49 @@ def _links_section(a: Analysis, w: int) -> list[str]:
     return L
 
 
+def _outside_section(a: Analysis, w: int, max_rows: int = 8) -> list[str]:
+    """The collectives issued outside the optimizer (empty when there are none)."""
+    t = a.outside
+    if t is None or t.empty:
+        return []
+    L = ["", f"Collectives outside the optimizer ({len(t)} sources, per analyzed step)"]
+    headers = [
+        ("collective", 22, "<"),
+        ("name", 18, "<"),
+        ("phase", 8, "<"),
+        ("calls", 6, ">"),
+        ("flight", 7, ">"),
+        ("blocked", 7, ">"),
+        ("step", 5, ">"),
+        ("last", 12, ">"),
+    ]
+    rows = [["", "", "", "", "ms", "ms", "", "rank (share)"]]
+    for _, x in t.head(max_rows).iterrows():
+        last = (
+            f"{int(x['late_rank'])} ({_pct(x['late_share'])})" if int(x["late_rank"]) >= 0 else "-"
+        )
+        rows.append(
+            [
+                printable(x["op"]),
+                printable(x["name"]) or "-",
+                printable(x["phase"]),
+                _num(x["count_per_step"], ".2g"),
+                _num(x["ms_per_step"]),
+                _num(x["blocked_ms_per_step"]),
+                _pct(x["step_share"]),
+                last,
+            ]
+        )
+    L += _table(headers, rows)
+    L += wrap(
+        "counted as communication (comm/comp, exposed time) and not as the phase they were "
+        "issued in. flight: enqueue to result; blocked: the training thread waiting in it; step: "
+        "blocked share of the median step; last: the rank that issued it last most often.",
+        w,
+    )
+    return L
+
+
 def _select_ranks(a: Analysis, max_ranks: int) -> tuple[list[int], str]:
     """All ranks when they fit; else the named stragglers, then the latest ranks."""
     ranks = list(a.per_rank["rank"].astype(int))
@@ -356,6 +399,8 @@ def format_report(
         w,
     )
 
+    L += _outside_section(a, w)
+
     # -- tensors
     t = a.tensors
     if len(t):
@@ -559,6 +604,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
                 "caveat": BANDWIDTH_CAVEAT,
                 "links": a.links.to_dict("records") if len(a.links) else [],
                 "limiting_link": a.limiting_link,
+                "outside_optimizer": _records(a.outside) if len(a.outside) else [],
             },
         }
     )

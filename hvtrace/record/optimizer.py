@@ -45,7 +45,7 @@ from typing import Any
 
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate
-from hvtrace.record import hvdpatch
+from hvtrace.record import collectives, hvdpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
 from hvtrace.record.cpustat import ThreadCounters
@@ -141,25 +141,66 @@ def DistributedOptimizer(
             "hvtrace.DistributedOptimizer() was called before hvd.init(): call hvd.init() first"
         )
     dist = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, **horovod_kwargs)
+    trace_optimizer(
+        dist,
+        model,
+        trace_dir,
+        flush_interval_s=flush_interval_s,
+        buffer_spans=buffer_spans,
+        clock_rounds=clock_rounds,
+    )
+    return dist
+
+
+def trace_optimizer(
+    dist: Any,
+    model: Any = None,
+    trace_dir: str | os.PathLike | None = None,
+    *,
+    flush_interval_s: float | None = None,
+    buffer_spans: int | None = None,
+    clock_rounds: int = 8,
+) -> Tracer | None:
+    """Attach a :class:`Tracer` to ``dist``, a Horovod distributed optimizer built already.
+
+    What :func:`DistributedOptimizer` does after building Horovod's optimizer, for code that
+    builds it elsewhere (PyTorch Lightning's Horovod strategy, :mod:`hvtrace.lightning`): the
+    clock handshake (a collective: call it on every rank, at the same point), then the tracer.
+    The options are those of :func:`DistributedOptimizer`; ``model`` is anything with
+    ``register_forward_pre_hook`` / ``register_forward_hook`` (a module), or None.
+
+    Returns the tracer, the one already attached if ``dist`` is traced, or None when not tracing
+    (``HVTRACE=0``, an optimizer hvtrace cannot trace, a failed handshake or set-up: each but the
+    first with one warning). Raises ``RuntimeError`` if Horovod is not initialized.
+    """
+    import horovod.torch as hvd
+
+    if not hvd.is_initialized():
+        raise RuntimeError(
+            "hvtrace: tracing was asked for before hvd.init(): call hvd.init() first"
+        )
     if not tracing_enabled():
-        return dist
+        return None
+    existing = getattr(dist, "_hvtrace", None)
+    if existing is not None:
+        return existing
     if not hasattr(dist, "_allreduce_grad_async") or not hasattr(dist, "_handles"):
         _warn(f"hvtrace: {type(dist).__name__} from Horovod is not supported; not tracing")
-        return dist
+        return None
     opts = trace_options(trace_dir, flush_interval_s, buffer_spans, clock_rounds)
     try:
         run_id, clock = handshake(hvd, clock_rounds)
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: clock synchronisation failed ({exc}); not tracing")
-        return dist
+        return None
     try:
         tracer = Tracer(dist, model, hvd, run_id, clock, opts)
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: could not start tracing ({type(exc).__name__}: {exc}); not tracing")
-        return dist
+        return None
     if tracer.rec.enabled and hvd.rank() == 0:
         log.info("hvtrace: recording run %s into %s", run_id, Path(opts.trace_dir).resolve())
-    return dist
+    return tracer
 
 
 def _warn(msg: str) -> None:
@@ -213,7 +254,6 @@ class Tracer:
         self.ar_flags = self.flags | FLAG_END_UPPER_BOUND
         self.now = self.timer.now
         counters = ThreadCounters()  # this thread trains: it calls step()
-        self.read = counters.read
         header = build_header(
             hvd, dist, model, run_id, clock, params, device, self.timer, counters.mode
         )
@@ -225,6 +265,9 @@ class Tracer:
             flush_interval_s=opts.flush_interval_s,
             counters=counters,
         )
+        # taken after the recorder: one that failed to start closed the counters, and their
+        # reader is then a no-op (the old one would read a closed, perhaps reused, descriptor)
+        self.read = counters.read
         # Even when the file could not be opened (recording disabled), the wrappers are installed:
         # they count steps so that the scheduled clock collectives stay in step on every rank.
         self.steps_done = 0
@@ -240,6 +283,10 @@ class Tracer:
         self.sync_exit = self.sync_cpu = self.last_grad = None
         self.fwd_count = 0
         self.compute_closed = self.in_sync = False
+        self.has_model = model is not None
+        #: The span name of the collective outside the optimizer this rank is blocked in, if any
+        #: (:mod:`hvtrace.record.collectives`; read by the stall watchdog).
+        self.in_collective: str | None = None
         self._install(dist, model)
         self.rec.tracer = self
         _recmod._set_active(self.rec)
@@ -256,6 +303,7 @@ class Tracer:
         dist.synchronize = self._synchronize
         dist.step = self._step
         dist._hvtrace = self
+        collectives.install(self)
         self._hooks = []
         if getattr(dist, "backward_passes_per_step", 1) > 1:
             # Each backward pass ends when its last gradient is ready; Horovod only enqueues on the
@@ -265,6 +313,25 @@ class Tracer:
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
             self._hooks.append(model.register_forward_hook(self._fwd_post))
+
+    def phase_now(self) -> str:
+        """The step phase the training thread is in now, for a collective issued now:
+        ``outside`` (before the first step's work), ``input``, ``forward``, ``backward`` (up to
+        ``synchronize``), ``compute`` (without ``model=``), ``wait`` or ``update`` (after the
+        gradients were synchronized)."""
+        if self.in_sync:
+            return "wait"
+        if self.fwd_start is not None:
+            return "forward"
+        if self.compute_closed:
+            return "update"
+        if self.fwd_count:
+            return "backward"
+        if self.rec.step == 0 and self.last_grad is None and not self.rec.between_steps:
+            return "outside"
+        if not self.has_model:
+            return "compute"
+        return "input"
 
     def fail(self, exc: BaseException | str) -> None:
         """Disable tracing after an internal error (one warning); training goes on."""

@@ -212,6 +212,13 @@ class Recorder:
         self.enabled = False
         self.writer = None
         self.counters.close()  # the parent's thread: no readings here
+        if _TermWatch.active is not None:
+            # the wakeup fd is the parent's pipe: a signal to this child must not reach the
+            # parent's watch (which would take it for its own SIGTERM)
+            try:
+                signal.set_wakeup_fd(-1)
+            except (ValueError, OSError):
+                pass
         if _active is self:
             _set_active(None)
 
@@ -364,6 +371,13 @@ def _install_signal_handlers(rec: Recorder) -> None:
     Also ignores SIGXFSZ when it has its default action, so that a file-size limit makes the
     writer's ``write`` fail with EFBIG (tracing stops with a warning) instead of killing training.
     Only possible from the main thread; elsewhere nothing is changed.
+
+    A Python signal handler runs only when the main thread runs Python code: a rank hung inside
+    Horovod's wait (a C++ loop) would never run it, and would no longer die of SIGTERM as it does
+    without hvtrace. So where SIGTERM had its default action, :class:`_TermWatch` also sees the
+    signal arrive (Python's wakeup fd, written by its C-level handler in whatever thread takes
+    it) and, if the main thread has not handled it within :data:`TERM_GRACE_S`, closes the file
+    and terminates the process with SIGTERM's default action itself.
     """
     if threading.current_thread() is not threading.main_thread():
         return
@@ -374,7 +388,11 @@ def _install_signal_handlers(rec: Recorder) -> None:
     except (ValueError, OSError):
         return
 
+    watch = _TermWatch.start(rec) if previous == signal.SIG_DFL else None
+
     def on_sigterm(signum: int, frame: Any) -> None:
+        if watch is not None:
+            watch.handled.set()
         rec.close()
         if callable(previous):
             previous(signum, frame)
@@ -388,3 +406,74 @@ def _install_signal_handlers(rec: Recorder) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
     except (ValueError, OSError):
         pass
+
+
+#: How long a SIGTERM may wait for the main thread's handler before :class:`_TermWatch` acts.
+TERM_GRACE_S = 2.0
+
+
+class _TermWatch:
+    """A daemon thread that reads Python's signal wakeup fd and, when SIGTERM arrived but the
+    main thread did not handle it within :data:`TERM_GRACE_S` (it is stuck in C code, such as
+    Horovod's wait on a hung collective), closes the trace and ends the process with SIGTERM's
+    default action, as it would have ended without hvtrace.
+
+    Not started when another wakeup fd is set already (asyncio's, say): that one is left alone.
+    """
+
+    #: The watch of this process, if one was started.
+    active: _TermWatch | None = None
+
+    def __init__(self, rec: Recorder, read_fd: int) -> None:
+        self.rec = rec
+        self.read_fd = read_fd
+        self.handled = threading.Event()
+
+    @classmethod
+    def start(cls, rec: Recorder) -> _TermWatch | None:
+        """Set the wakeup fd and start the thread (main thread only); None if not possible."""
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            return None
+        if old != -1:  # someone else's: put it back
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return None
+        watch = cls(rec, r)
+        cls.active = watch
+        threading.Thread(target=watch._run, name="hvtrace-sigterm", daemon=True).start()
+        return watch
+
+    def _run(self) -> None:
+        try:
+            while True:
+                data = os.read(self.read_fd, 64)
+                if not data:
+                    return
+                if signal.SIGTERM in data and not self.handled.wait(TERM_GRACE_S):
+                    self._terminate()
+                    return
+        except Exception:  # noqa: BLE001 - never into training; the Python handler remains
+            return
+
+    def _terminate(self) -> None:
+        """Close the trace, restore SIGTERM's default action at the C level and re-raise it."""
+        try:
+            self.rec.close()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            libc.signal(int(signal.SIGTERM), None)  # SIG_DFL: signal.signal() is main-only
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(128 + int(signal.SIGTERM))  # if the signal could not be re-raised

@@ -13,6 +13,11 @@ then killed job still shows it:
 ``since_ns`` is when the wait was first seen (the recorder's clock, like the spans), so the
 wait is known to within one flush interval; ``pending`` names the tensors whose allreduce this
 rank had enqueued and not yet seen done, oldest first (at most :data:`MAX_PENDING`).
+
+A rank blocked in a collective outside the optimizer (``hvd.allreduce`` of a metric,
+``broadcast_object``, ...; :mod:`hvtrace.record.collectives`) gets the same record, with
+``collective``: that collective's span name (``op|phase|tensor name``), and its tensor name as
+``pending``.
 """
 
 from __future__ import annotations
@@ -31,31 +36,35 @@ class StallWatch:
 
     def __init__(self, stall_s: float) -> None:
         self.stall_ns = int(stall_s * 1e9)
-        self._key: tuple[int, int] | None = None
+        self._key: tuple[int, int, Any] | None = None
         self._since = 0
         self._next = 0
 
     def __call__(self, tracer: Any, step: int, micro: int) -> dict[str, Any] | None:
         """A stall record if this rank has waited in one ``synchronize`` for the stall time
         (and again each stall time after), else None."""
-        if tracer is None or not getattr(tracer, "in_sync", False):
+        coll = getattr(tracer, "in_collective", None) if tracer is not None else None
+        if tracer is None or not (getattr(tracer, "in_sync", False) or coll):
             self._key = None
             return None
         now = monotonic_ns()
-        key = (step, micro)
+        key = (step, micro, coll)
         if key != self._key:
             self._key, self._since, self._next = key, now, now + self.stall_ns
             return None
         if now < self._next:
             return None
         self._next = now + self.stall_ns
-        return {
+        rec = {
             "step": step,
             "micro": micro,
             "since_ns": self._since,
             "waited_s": round((now - self._since) / 1e9, 3),
-            "pending": pending_tensors(tracer),
+            "pending": pending_tensors(tracer) if not coll else [str(coll).rsplit("|", 1)[-1]],
         }
+        if coll:
+            rec["collective"] = str(coll)
+        return rec
 
 
 def pending_tensors(tracer: Any) -> list[str]:
@@ -81,5 +90,6 @@ def merge_stalls(old: Any, new: Any) -> list[dict[str, Any]]:
     for x in (old, new):
         for rec in x if isinstance(x, list) else [x]:
             if isinstance(rec, dict) and "step" in rec:
-                merged[(rec.get("step"), rec.get("micro"))] = rec
+                key = (rec.get("step"), rec.get("micro"), str(rec.get("collective")))
+                merged[key] = rec
     return list(merged.values())

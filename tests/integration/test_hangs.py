@@ -72,6 +72,27 @@ def _kill(proc: subprocess.Popen, trace: Path) -> str:
     return err
 
 
+def _rank_pid(trace: Path, rank: int) -> int:
+    """The pid of this job's rank ``rank`` (from /proc: its command line and environment)."""
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and _is_rank(p, trace):
+            try:
+                env = (p / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"HOROVOD_RANK={rank}".encode() in env and b"python" in (p / "cmdline").read_bytes():
+                return int(p.name)
+    raise AssertionError(f"rank {rank} of {trace} not found")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def _is_rank(proc_dir: Path, trace: Path) -> bool:
     try:
         return str(trace) in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
@@ -97,9 +118,19 @@ def test_a_stopped_rank_is_named_by_the_hung_others(tmp_path: Path, capsys) -> N
             time.sleep(0.5)
         else:
             pytest.fail(f"no stall noted in 240 s: {_stalls(trace, [0, 1, 2])}")
+        # a rank hung in Horovod's wait still dies of SIGTERM (as without hvtrace), its file
+        # closed: the signal is seen outside the main thread, which is stuck in C++
+        pid = _rank_pid(trace, 2)
+        os.kill(pid, signal.SIGTERM)
+        gone = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < gone:
+            time.sleep(0.2)
+        assert not _alive(pid), "rank 2, hung in synchronize, survived SIGTERM"
     finally:
         err = _kill(proc, trace)
     assert "has waited" in err and "in synchronize at step 12" in err
+    files2 = sorted(trace.glob("rank00002-*"))
+    assert files2 and read_rank_file(files2[0]).complete  # closed cleanly by the SIGTERM
 
     out_json = tmp_path / "report.json"
     capsys.readouterr()
@@ -131,8 +162,8 @@ def test_a_collective_only_one_rank_issues_names_that_rank(tmp_path: Path) -> No
     try:
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
-            st = _stalls(trace, [0, 1])
-            if len(st) == 2 and all(v for v in st.values()):
+            st = _stalls(trace, [0, 1, 2])  # rank 2 notes its wait in the metric allreduce
+            if len(st) == 3 and all(v for v in st.values()):
                 break
             time.sleep(0.5)
         else:
@@ -143,7 +174,11 @@ def test_a_collective_only_one_rank_issues_names_that_rank(tmp_path: Path) -> No
     (h,) = a.hangs
     assert h["hung"] and h["step"] == STOP_STEP + 1
     assert h["ranks"] == [2] and h["waiting_ranks"] == [0, 1]
-    assert a.findings[0].kind == "hang" and "rank 2 never arrived" in a.findings[0].message
+    # where rank 2 is: the collective only it issued (after step 12: step 13's input)
+    assert h["in_collective"] == {"2": "allreduce.average|input|metric.loss"}, h
+    msg = a.findings[0].message
+    assert a.findings[0].kind == "hang" and "rank 2 never arrived" in msg
+    assert "rank 2 waits in hvd.allreduce (average) 'metric.loss'" in msg, msg
 
 
 def test_a_run_that_did_not_hang_has_no_such_finding(tmp_path: Path) -> None:

@@ -108,3 +108,37 @@ def test_hostile_names_are_kept_as_bounded_text() -> None:
     (h,) = find_hangs(files, [0, 1])
     assert h["tensor"].startswith("\x1b[2J") and len(h["tensor"]) == 200  # the report escapes it
     assert h["tensors"] == [h["tensor"]]
+
+
+def test_a_wait_in_a_collective_outside_the_optimizer_is_noted_with_it(monkeypatch) -> None:
+    now = [0]
+    monkeypatch.setattr(stall, "monotonic_ns", lambda: now[0])
+    w = stall.StallWatch(stall_s=1.0)
+    t = tracer(in_sync=False)
+    t.in_collective = "allreduce.average|input|metric.loss"
+    assert w(t, 13, 0) is None
+    now[0] = int(1.5e9)
+    r = w(t, 13, 0)
+    assert r["collective"] == "allreduce.average|input|metric.loss"
+    assert r["pending"] == ["metric.loss"] and r["waited_s"] == 1.5
+    t.in_collective = "broadcast_object|input|cfg"  # another wait starts over
+    assert w(t, 13, 0) is None
+    # the same step's wait in synchronize and in a collective are kept apart when merged
+    merged = stall.merge_stalls([r], {"step": 13, "micro": 0, "waited_s": 3.0})
+    assert len(merged) == 2
+
+
+def test_a_rank_waiting_in_a_collective_only_it_issued_did_not_arrive() -> None:
+    lone = dict(rec(13, 40.0, "metric.loss"), collective="allreduce.average|input|metric.loss")
+    files = {
+        0: rf(13, rec(13, 41.0, "net.4.weight")),
+        1: rf(13, rec(13, 41.0, "net.4.weight")),
+        2: rf(13, lone),
+    }
+    (h,) = find_hangs(files, [0, 1, 2])
+    assert h["hung"] and h["ranks"] == [2] and h["waiting_ranks"] == [0, 1]
+    assert h["in_collective"] == {"2": "allreduce.average|input|metric.loss"}
+    assert h["tensor"] == "net.4.weight"
+    # without the optimizer waits (every rank in mismatched collectives), those make the hang
+    (h2,) = find_hangs({2: rf(13, lone), 0: rf(13)}, [0, 2])
+    assert h2["waiting_ranks"] == [2] and h2["ranks"] == [0]

@@ -1,0 +1,183 @@
+"""A small LightningModule trained with ``Trainer(strategy="horovod")``, traced by hvtrace.
+
+Run it under Horovod (needs ``pip install 'hvtrace[lightning]'``), for example::
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m hvtrace.examples.train_lightning \\
+        --trace-dir runs/lightning
+
+The model is :class:`hvtrace.examples.train.MLP` on synthetic data, on the CPU. Everything is
+deterministic for a given ``--seed`` (``seed_everything``, ``Trainer(deterministic=True)``, a fixed
+data set sharded by Lightning's ``DistributedSampler``), so a traced run and an untraced one
+(``--no-trace``: no callback) end with identical parameters (``--save-params``). ``--slow-rank``
+with ``--slow-ms`` and ``--slow-phase`` injects a known straggler: it sleeps in the data loader's
+collate function (``input``), in the module's ``forward`` (``forward``), or in a gradient hook of
+the first layer (``backward``). ``--val-every``, ``--ckpt-dir`` and ``--log-dir`` turn on
+validation, checkpointing and a CSV logger, so that their spans show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from hvtrace.examples.train import MLP, slow_backward
+
+IN_DIM = 256
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps (max_steps, default 40)")
+    p.add_argument(
+        "--epochs", type=int, default=1, help="epochs the data set holds steps for (default 1)"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--lr", type=float, default=0.01, help="per-rank lr (Horovod scales it)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--trace-dir", default=None, help="hvtrace trace directory (else $HVTRACE_DIR)")
+    p.add_argument("--no-trace", action="store_true", help="train without HvtraceCallback")
+    p.add_argument("--slow-rank", type=int, default=-1, help="rank to slow down")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="delay added on --slow-rank")
+    p.add_argument("--slow-phase", choices=["input", "forward", "backward"], default="forward")
+    p.add_argument(
+        "--val-every", type=int, default=0, help="validate every N steps (0: no validation)"
+    )
+    p.add_argument("--ckpt-dir", default=None, help="save a checkpoint at each validation here")
+    p.add_argument("--log-dir", default=None, help="CSV logger here (log every 5 steps)")
+    p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
+    return p.parse_args(argv)
+
+
+def _module_class() -> type:
+    import pytorch_lightning as pl
+
+    class LitMLP(pl.LightningModule):
+        """:class:`MLP` with a cross-entropy loss, SGD with momentum, and a logged loss."""
+
+        def __init__(self, width: int, layers: int, lr: float, slow_forward_s: float) -> None:
+            super().__init__()
+            self.net = MLP(width, layers, IN_DIM)
+            self.lr = lr
+            self.slow_forward_s = slow_forward_s
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.slow_forward_s and torch.is_grad_enabled():
+                time.sleep(self.slow_forward_s)
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=True)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+    return LitMLP
+
+
+def _data(n: int, seed: int) -> TensorDataset:
+    """``n`` synthetic samples: Gaussian inputs, labels from a fixed random linear map."""
+    gen = torch.Generator().manual_seed(seed)
+    w_true = torch.randn(IN_DIM, 10, generator=gen)
+    x = torch.randn(n, IN_DIM, generator=gen)
+    return TensorDataset(x, (x @ w_true).argmax(dim=1))
+
+
+def _slow_collate(delay_s: float) -> Any:
+    from torch.utils.data import default_collate
+
+    def collate(samples: list) -> Any:
+        time.sleep(delay_s)
+        return default_collate(samples)
+
+    return collate
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import horovod.torch as hvd
+    import pytorch_lightning as pl
+
+    warnings.filterwarnings("ignore", ".*(deprecated|does not have many workers|pkg_resources).*")
+    hvd.init()  # Lightning's Horovod strategy needs it; done here to know the rank up front
+    rank, size = hvd.rank(), hvd.size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    pl.seed_everything(args.seed, workers=True)
+
+    slow_s = args.slow_ms / 1e3 if rank == args.slow_rank and args.slow_ms > 0 else 0.0
+    model = _module_class()(
+        args.width, args.layers, args.lr, slow_s if args.slow_phase == "forward" else 0.0
+    )
+    if slow_s and args.slow_phase == "backward":
+        slow_backward(model.net, slow_s)
+    per_epoch = -(-args.steps // max(1, args.epochs))  # ceil
+    train = _data(per_epoch * args.batch_size * size, args.seed)
+    collate = _slow_collate(slow_s) if slow_s and args.slow_phase == "input" else None
+    loaders: dict[str, Any] = {
+        "train_dataloaders": DataLoader(train, batch_size=args.batch_size, collate_fn=collate)
+    }
+    if args.val_every:
+        val = _data(4 * args.batch_size * size, args.seed + 1)
+        loaders["val_dataloaders"] = DataLoader(val, batch_size=args.batch_size)
+
+    from hvtrace.lightning import HvtraceCallback  # (also lets numpy 2 run ModelCheckpoint)
+
+    callbacks: list[Any] = []
+    if not args.no_trace:
+        callbacks.append(HvtraceCallback(trace_dir=args.trace_dir))
+    if args.ckpt_dir:
+        from pytorch_lightning.callbacks import ModelCheckpoint
+
+        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1))
+    logger: Any = False
+    if args.log_dir:
+        from pytorch_lightning.loggers import CSVLogger
+
+        logger = CSVLogger(args.log_dir)
+    trainer = pl.Trainer(
+        strategy="horovod",
+        accelerator="cpu",
+        max_steps=args.steps,
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+        logger=logger,
+        log_every_n_steps=5,
+        enable_checkpointing=bool(args.ckpt_dir),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        val_check_interval=args.val_every or None,
+        limit_val_batches=2 if args.val_every else 0,
+        num_sanity_val_steps=1 if args.val_every else 0,
+    )
+    trainer.fit(model, **loaders)
+
+    if args.save_params and rank == 0:
+        Path(args.save_params).parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().clone() for k, v in model.net.state_dict().items()}
+        torch.save(state, args.save_params)
+    if rank == 0:
+        loss = trainer.callback_metrics.get("train_loss")
+        loss_s = f"{float(loss):.4f}" if loss is not None else "n/a"
+        print(f"rank 0: {trainer.global_step} steps, final loss {loss_s}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

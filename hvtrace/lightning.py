@@ -1,0 +1,336 @@
+"""``HvtraceCallback``: hvtrace for PyTorch Lightning's Horovod strategy.
+
+Lightning (``Trainer(strategy="horovod")``, pytorch-lightning 1.9.x) builds the Horovod
+distributed optimizer itself, so the one-line change is a callback::
+
+    from hvtrace.lightning import HvtraceCallback
+
+    trainer = pl.Trainer(strategy="horovod", callbacks=[HvtraceCallback(trace_dir="runs/exp1")])
+
+At ``on_fit_start`` (every rank, after the strategy wrapped the optimizers) the callback attaches
+hvtrace's optimizer tracer (:func:`hvtrace.record.optimizer.trace_optimizer`) to the Horovod
+optimizer Lightning built, so the run records what :func:`hvtrace.DistributedOptimizer` records:
+steps, input gap, forward, backward, one allreduce per tensor, the wait in ``synchronize()`` and
+the update. Under automatic optimization the *forward* phase is the strategy's ``training_step``
+(the module's forward and the loss, whatever the module calls inside it), and backward runs from
+the loss's backward to the last gradient: Lightning runs both inside ``optimizer.step(closure)``,
+and ``HorovodStrategy.post_backward`` synchronizes, so input, forward, backward, wait and update
+still follow each other and tile the step. Under manual optimization the forward is the module's
+own ``forward`` (as with ``model=`` on the optimizer).
+
+Lightning's own phases are recorded as user spans (host clock, a few per step):
+
+- ``validation``: from ``on_validation_start`` to ``on_validation_end`` (the sanity check too);
+- ``checkpoint``: each ``Trainer.save_checkpoint`` (building the checkpoint, writing it on rank 0);
+- ``callbacks``: each round of callback hooks outside a step's phases (``on_train_batch_start``,
+  ``on_train_batch_end``, epoch and validation boundaries): every callback's hook, this one's
+  included (the progress bar and ``ModelCheckpoint`` run there, on rank 0 only or not);
+- ``log``: each ``LightningModule.log`` call (``sync_dist=True`` makes it a collective);
+- ``logger``: each logger's ``log_metrics`` (writing metrics, on rank 0 only).
+
+Tracing never takes training down: an internal error disables it with one warning. ``HVTRACE=0``
+makes the callback a no-op. The trace is finished (a last clock estimate, a collective, then the
+file is closed) at ``on_fit_end``; after an exception the file is closed without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+try:
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import HorovodStrategy
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "hvtrace.lightning needs pytorch-lightning 1.9.x (the last line with the Horovod "
+        "strategy): pip install 'hvtrace[lightning]'"
+    ) from exc
+
+from hvtrace.record.optimizer import Tracer, trace_optimizer, tracing_enabled
+from hvtrace.record.timers import monotonic_ns
+from hvtrace.schema import KIND_CODE
+
+log = logging.getLogger("hvtrace")
+
+
+def _numpy2_compat() -> None:
+    """Restore ``numpy.Inf`` (an alias of ``numpy.inf`` that numpy 2.0 removed), which
+    pytorch-lightning 1.9.5's ``ModelCheckpoint`` and ``EarlyStopping`` use when created: without
+    it ``Trainer()`` fails with checkpointing on (its default). Nothing else is changed."""
+    import numpy as np
+
+    if "Inf" not in vars(np):  # numpy 1.x has it
+        np.Inf = np.inf  # type: ignore[attr-defined]
+
+
+_numpy2_compat()
+
+_K_USER = KIND_CODE["user"]
+
+#: Callback hooks that run inside a step's phases (backward, update) or once per validation
+#: batch: their time is the phase's, and they are not recorded as ``callbacks`` spans.
+_IN_STEP_HOOKS = frozenset(
+    {
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_validation_batch_start",
+        "on_validation_batch_end",
+        "on_exception",
+        "on_fit_end",
+        "teardown",
+    }
+)
+
+
+class _Removable:
+    """The handle :class:`_StepHooks` returns for a hook (``remove()``, as torch's handles)."""
+
+    __slots__ = ("fn", "hooks")
+
+    def __init__(self, hooks: list, fn: Callable) -> None:
+        self.hooks, self.fn = hooks, fn
+
+    def remove(self) -> None:
+        if self.fn in self.hooks:
+            self.hooks.remove(self.fn)
+
+
+class _StepHooks:
+    """The model as the tracer sees it under automatic optimization: its forward is the
+    strategy's ``training_step``, whose wrapper (:meth:`HvtraceCallback._wrap_training_step`)
+    calls the hooks the tracer registers here. Its class is named after the LightningModule's
+    (the trace header records the model's class name)."""
+
+    def __init__(self) -> None:
+        self.pre: list[Callable] = []
+        self.post: list[Callable] = []
+
+    def register_forward_pre_hook(self, fn: Callable) -> _Removable:
+        self.pre.append(fn)
+        return _Removable(self.pre, fn)
+
+    def register_forward_hook(self, fn: Callable) -> _Removable:
+        self.post.append(fn)
+        return _Removable(self.post, fn)
+
+    @classmethod
+    def named_after(cls, module: Any) -> _StepHooks:
+        """Return hooks whose class name is ``module``'s class name."""
+        return type(type(module).__name__, (cls,), {})()
+
+
+class HvtraceCallback(pl.Callback):
+    """Trace a Lightning ``Trainer(strategy="horovod")`` run with hvtrace (see the module doc).
+
+    ``trace_dir`` (else ``$HVTRACE_DIR``, else ``./hvtrace-trace``) receives one file per rank;
+    ``flush_interval_s``, ``buffer_spans`` and ``clock_rounds`` are those of
+    :func:`hvtrace.DistributedOptimizer`. Give it to the Trainer of every rank.
+    """
+
+    def __init__(
+        self,
+        trace_dir: str | os.PathLike | None = None,
+        *,
+        flush_interval_s: float | None = None,
+        buffer_spans: int | None = None,
+        clock_rounds: int = 8,
+    ) -> None:
+        super().__init__()
+        self.trace_dir = trace_dir
+        self.flush_interval_s = flush_interval_s
+        self.buffer_spans = buffer_spans
+        self.clock_rounds = clock_rounds
+        #: The optimizer tracer while a fit is traced, else None.
+        self.tracer: Tracer | None = None
+        self._undo: list[Callable[[], None]] = []
+        self._val: tuple[int, int] | None = None
+        self._warned = False
+
+    # -- Lightning hooks -----------------------------------------------------------------------
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Attach the tracer to the Horovod optimizer the strategy built (every rank)."""
+        if not tracing_enabled() or self.tracer is not None:
+            return
+        try:
+            self._start(trainer, pl_module)
+        except Exception as exc:  # noqa: BLE001 - tracing never takes training down
+            self._fail(exc)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        rec = self._recording()
+        if rec is not None:
+            self._val = (monotonic_ns(), rec.step)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        rec, val, self._val = self._recording(), self._val, None
+        if rec is not None and val is not None:
+            rec.add(_K_USER, "validation", val[0], monotonic_ns(), step=val[1])
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Finish the trace: a last clock estimate (collective, every rank), then close."""
+        self._stop(sync_clock=True)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Close the trace without the clock collective (other ranks may be gone)."""
+        self._stop(sync_clock=False)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Restore what was wrapped, if ``on_fit_end`` did not run."""
+        self._stop(sync_clock=False)
+
+    # -- set-up and shutdown -------------------------------------------------------------------
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        strategy = trainer.strategy
+        if not isinstance(strategy, HorovodStrategy):
+            self._warn(
+                f"hvtrace: HvtraceCallback traces Trainer(strategy='horovod') only, not "
+                f"{type(strategy).__name__}; not tracing"
+            )
+            return
+        dists = [o for o in trainer.optimizers if hasattr(o, "_allreduce_grad_async")]
+        if not dists:
+            self._warn("hvtrace: no Horovod optimizer in the trainer; not tracing")
+            return
+        manual = not pl_module.automatic_optimization
+        if len(dists) > 1:
+            self._warn(
+                f"hvtrace: {len(dists)} optimizers; only the first is traced, and its compute "
+                "is not split into forward and backward"
+            )
+            model: Any = None
+        else:
+            model = pl_module if manual else _StepHooks.named_after(pl_module)
+        tracer = trace_optimizer(  # a collective: every rank gets here
+            dists[0],
+            model,
+            self.trace_dir,
+            flush_interval_s=self.flush_interval_s,
+            buffer_spans=self.buffer_spans,
+            clock_rounds=self.clock_rounds,
+        )
+        if tracer is None:
+            return
+        self.tracer = tracer
+        self._refresh_lightning_optimizers(strategy, dists[0])
+        if isinstance(model, _StepHooks):
+            self._wrap_training_step(strategy, pl_module, model)
+        self._wrap(trainer, "save_checkpoint", self._timed("checkpoint", trainer.save_checkpoint))
+        self._wrap(trainer, "_call_callback_hooks", self._callback_hooks(trainer))
+        self._wrap(pl_module, "log", self._timed("log", pl_module.log))
+        for logger in trainer.loggers:
+            if callable(getattr(logger, "log_metrics", None)):
+                self._wrap(logger, "log_metrics", self._timed("logger", logger.log_metrics))
+
+    def _refresh_lightning_optimizers(self, strategy: Any, dist: Any) -> None:
+        """Lightning's wrapper of the optimizer copied ``synchronize`` before the tracer wrapped
+        it: point it at the traced one (a user calling ``opt.synchronize()`` on it)."""
+        for lopt in getattr(strategy, "_lightning_optimizers", {}).values():
+            if getattr(lopt, "_optimizer", None) is dist and "synchronize" in vars(lopt):
+                self._wrap(lopt, "synchronize", dist.synchronize)
+
+    def _stop(self, sync_clock: bool) -> None:
+        undo, self._undo = self._undo, []
+        for fn in reversed(undo):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            try:
+                tracer.finish(sync_clock=sync_clock)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("hvtrace: finishing the trace failed: %s", exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Disable tracing after an internal error (one warning); training goes on."""
+        msg = f"HvtraceCallback: {type(exc).__name__}: {exc}"
+        if self.tracer is not None:
+            self.tracer.fail(msg)
+        else:
+            self._warn(f"hvtrace: {msg}; not tracing")
+
+    def _warn(self, msg: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("%s", msg)
+
+    def _recording(self) -> Any:
+        """The recorder when recording, else None."""
+        tracer = self.tracer
+        rec = tracer.rec if tracer is not None else None
+        return rec if rec is not None and rec.enabled else None
+
+    # -- wrappers (the per-step cost: a few per step) ------------------------------------------
+    def _wrap(self, obj: Any, name: str, wrapper: Callable) -> None:
+        """Set ``obj.name = wrapper`` on the instance; undone at the end of the fit."""
+        had = name in vars(obj)
+        old = vars(obj).get(name)
+        setattr(obj, name, wrapper)
+
+        def undo() -> None:
+            if had:
+                setattr(obj, name, old)
+            elif name in vars(obj):
+                delattr(obj, name)
+
+        self._undo.append(undo)
+
+    def _timed(self, name: str, fn: Callable) -> Callable:
+        """``fn`` recorded as a user span ``name`` (its step: the one current at its start)."""
+        rec = self.tracer.rec
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not rec.enabled:
+                return fn(*args, **kwargs)
+            t0, step = monotonic_ns(), rec.step
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if rec.enabled:
+                    rec.add(_K_USER, name, t0, monotonic_ns(), step=step)
+
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    def _callback_hooks(self, trainer: pl.Trainer) -> Callable:
+        """``Trainer._call_callback_hooks``, each round outside a step's phases recorded."""
+        rec, orig, skip = self.tracer.rec, trainer._call_callback_hooks, _IN_STEP_HOOKS
+
+        def call_callback_hooks(hook_name: str, *args: Any, **kwargs: Any) -> Any:
+            if not rec.enabled or hook_name in skip:
+                return orig(hook_name, *args, **kwargs)
+            t0, step = monotonic_ns(), rec.step
+            try:
+                return orig(hook_name, *args, **kwargs)
+            finally:
+                if rec.enabled:
+                    rec.add(_K_USER, "callbacks", t0, monotonic_ns(), step=step)
+
+        return call_callback_hooks
+
+    def _wrap_training_step(self, strategy: Any, module: Any, hooks: _StepHooks) -> None:
+        """The strategy's ``training_step`` calls the tracer's forward hooks around it."""
+        orig = strategy.training_step
+        pre, post = hooks.pre, hooks.post
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            for h in pre:  # the tracer's hooks catch their own errors
+                h(module, args)
+            out = orig(*args, **kwargs)
+            for h in post:
+                h(module, args, out)
+            return out
+
+        training_step.__wrapped__ = orig  # type: ignore[attr-defined]
+        self._wrap(strategy, "training_step", training_step)
+
+
+__all__ = ["HvtraceCallback"]
