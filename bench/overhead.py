@@ -426,13 +426,16 @@ def run_once(
     args: argparse.Namespace,
     work: Path,
     ab_every: int = 0,
+    ab_toggle: str = "hvtrace",
 ) -> RunResult:
     """Run the demo training once in ``mode``; return its step times and bytes written.
 
     ``ab_every`` > 0 (mode hvtrace only): recording is switched off and on every that many steps
-    inside the run (``--ab-every`` of the demo), for the in-run A/B comparison.
+    inside the run (``--ab-every`` of the demo), for the in-run A/B comparison; with
+    ``ab_toggle="horovod-timeline"`` it is Horovod's own timeline that is switched (started by
+    hvtrace, ``HVTRACE_HOROVOD_TIMELINE=1``), while hvtrace records throughout.
     """
-    d = work / f"{model}-{mode}{'-ab' if ab_every else ''}-r{rnd}"
+    d = work / f"{model}-{mode}{'-ab-' + ab_toggle if ab_every else ''}-r{rnd}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     size = MODELS[model]
@@ -458,7 +461,9 @@ def run_once(
         out = d / "trace"
         argv += ["--trace-dir", str(out)]
         if ab_every:
-            argv += ["--ab-every", str(ab_every)]
+            argv += ["--ab-every", str(ab_every), "--ab-toggle", ab_toggle]
+            if ab_toggle == "horovod-timeline":
+                env["HVTRACE_HOROVOD_TIMELINE"] = "1"
     elif mode == "timeline":
         out = d / "timeline.json"
         argv.append("--no-trace")
@@ -785,7 +790,9 @@ def ab_blocks(
     return on_v, off_v, 100.0 * (on_v / off_v - 1.0), (float(lo), float(hi)), len(pairs)
 
 
-def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[str, Any]:
+def ab_summary(
+    res: RunResult, every: int, warmup: int, seed: int = 0, target: str = "hvtrace"
+) -> dict[str, Any]:
     """Summarize an in-run A/B run: traced vs untraced steps of the same processes.
 
     Wall time per step (:func:`ab_blocks`), and the same for the main thread's CPU time per
@@ -794,6 +801,7 @@ def ab_summary(res: RunResult, every: int, warmup: int, seed: int = 0) -> dict[s
     on = np.asarray(res.traced, dtype=bool)
     on_ms, off_ms, pct, ci, pairs = ab_blocks(np.asarray(res.step_s) * 1e3, on, every, warmup, seed)
     out = {
+        "target": target,
         "model": res.model,
         "steps": len(res.step_s),
         "every": every,
@@ -847,6 +855,7 @@ def print_ab(abs_: list[dict[str, Any]]) -> None:
         w = ab["writer_cpu_ms_per_step"]
         rows.append(
             [
+                ab.get("target", "hvtrace"),
                 ab["model"],
                 f"{ab['steps']} / {ab['every']}",
                 f"{ab['on_ms']:.1f}",
@@ -864,10 +873,11 @@ def print_ab(abs_: list[dict[str, Any]]) -> None:
     print(
         _table(
             [
+                "switched",
                 "model",
                 "steps / N",
-                "traced ms",
-                "untraced ms",
+                "on ms",
+                "off ms",
                 "overhead [95% CI]",
                 "pairs",
                 "writer CPU ms/step",
@@ -877,6 +887,8 @@ def print_ab(abs_: list[dict[str, Any]]) -> None:
         )
     )
     for ab in abs_:
+        if ab.get("target", "hvtrace") != "hvtrace":
+            continue  # Horovod's timeline has no goal here: its cost is stated
         text, met, why = ab_goal(ab)
         print(f"  {ab['model']}: goal: {text:<38} {'ok' if met else 'MISSED':<6}  {why}".rstrip())
 
@@ -1158,6 +1170,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ab-every", type=int, default=4, help="in-run A/B: switch recording every N steps"
     )
+    p.add_argument(
+        "--ab-horovod-timeline",
+        action="store_true",
+        help="also an in-run A/B of Horovod's own timeline (switched every N steps, hvtrace "
+        "recording throughout): its cost beside hvtrace's",
+    )
     p.add_argument("--workdir", default=None, help="where runs write (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep every run's files and logs")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
@@ -1239,6 +1257,19 @@ def main(argv: list[str] | None = None) -> int:
                     abs_.append(ab_summary(res, args.ab_every, args.warmup))
                 except RuntimeError as exc:
                     failed.append(f"{model}/in-run A/B: {exc}")
+                if not args.ab_horovod_timeline:
+                    continue
+                log.info("in-run A/B of Horovod's timeline: %s", model)
+                try:
+                    res = run_once(
+                        model, "hvtrace", 0, ab_args, work, args.ab_every, "horovod-timeline"
+                    )
+                    abs_.append(
+                        ab_summary(res, args.ab_every, args.warmup, target="horovod timeline")
+                    )
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    msg = f"{model}/in-run A/B of Horovod's timeline: {exc}"
+                    failed.append(msg.splitlines()[0])
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,7 @@
 """hvtrace: a profiler for Horovod training. Record every rank, merge, find the straggler.
 
 Public API: :func:`DistributedOptimizer`, :class:`span`, :func:`scalar`, :func:`finish`,
+:func:`on_straggler`,
 :func:`load_run`, ``__version__``.
 
 ``import hvtrace`` loads the recorder only (numpy, pyarrow): ``load_run`` and ``Run`` are imported
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hvtrace import settings as _settings
 from hvtrace.errors import TraceError
+from hvtrace.record.live import on_straggler
 from hvtrace.record.optimizer import DistributedOptimizer, finish
 from hvtrace.record.recorder import scalar, span
 
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
     from hvtrace.load import Run, load_run
 
 __version__ = "0.1.0"
+
+_settings.enable_dynamic_horovod_timeline()  # before hvd.init(): see HVTRACE_HOROVOD_TIMELINE
 
 #: Names imported on first use: the reader needs pandas, which a training rank never loads.
 _LAZY = {"Run": "hvtrace.load", "load_run": "hvtrace.load"}
@@ -47,6 +52,7 @@ __all__ = [
     "__version__",
     "finish",
     "load_run",
+    "on_straggler",
     "scalar",
     "span",
 ]

@@ -114,7 +114,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     with _RankProgress("analyzing ranks") as progress:
         a = analyze(
             run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
-            progress=progress, dask=args.dask,
+            progress=progress, dask=args.dask, horovod_timeline=args.horovod_timeline,
         )  # fmt: skip
     to_stdout = args.json == "-"
     notes = []
@@ -301,6 +301,12 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=1,
         help="leave steps 0..N-1 (warm-up) out of medians and verdicts (default 1)",
+    )
+    p.add_argument(
+        "--horovod-timeline",
+        metavar="FILE",
+        default=None,
+        help="Horovod timeline (HOROVOD_TIMELINE) to merge (default: the run directory's own)",
     )
     p.add_argument("--run-id", default=None, help="run to read when the directory holds several")
     p.set_defaults(func=_cmd_analyze)

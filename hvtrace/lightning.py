@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "strategy): pip install 'hvtrace[lightning]'"
     ) from exc
 
+from hvtrace.record.consistency import METRIC_PREFIX, MONITOR_PREFIX, record_agree
 from hvtrace.record.optimizer import Tracer, trace_optimizer, tracing_enabled
 from hvtrace.record.timers import monotonic_ns
 from hvtrace.schema import KIND_CODE
@@ -128,8 +129,14 @@ class HvtraceCallback(pl.Callback):
     """Trace a Lightning ``Trainer(strategy="horovod")`` run with hvtrace (see the module doc).
 
     ``trace_dir`` (else ``$HVTRACE_DIR``, else ``./hvtrace-trace``) receives one file per rank;
-    ``flush_interval_s``, ``buffer_spans`` and ``clock_rounds`` are those of
-    :func:`hvtrace.DistributedOptimizer`. Give it to the Trainer of every rank.
+    ``flush_interval_s``, ``buffer_spans``, ``clock_rounds`` and ``consistency_every`` are those
+    of :func:`hvtrace.DistributedOptimizer`. Give it to the Trainer of every rank.
+
+    Besides the optimizer's consistency rows (learning rates each step, parameter fingerprints
+    every ``consistency_every`` steps), it records as values that must agree across ranks the
+    logged metrics at each training epoch's end (``trainer.callback_metrics`` and
+    ``logged_metrics``, as ``hvtrace.metric|NAME``) and the value a ``ReduceLROnPlateau``
+    scheduler is stepped with (``hvtrace.monitor|NAME``, NAME the metric it monitors).
     """
 
     def __init__(
@@ -139,8 +146,10 @@ class HvtraceCallback(pl.Callback):
         flush_interval_s: float | None = None,
         buffer_spans: int | None = None,
         clock_rounds: int = 8,
+        consistency_every: int | None = None,
     ) -> None:
         super().__init__()
+        self.consistency_every = consistency_every
         self.trace_dir = trace_dir
         self.flush_interval_s = flush_interval_s
         self.buffer_spans = buffer_spans
@@ -170,6 +179,24 @@ class HvtraceCallback(pl.Callback):
         rec, val, self._val = self._recording(), self._val, None
         if rec is not None and val is not None:
             rec.add(_K_USER, "validation", val[0], monotonic_ns(), step=val[1])
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Record the logged metrics as values that must agree across ranks (read once per
+        epoch; a metric on a GPU is copied to the host here)."""
+        rec = self._recording()
+        if rec is None:
+            return
+        try:
+            metrics: dict[str, Any] = {}
+            for src in (trainer.callback_metrics, trainer.logged_metrics):
+                for k, v in (src or {}).items():
+                    metrics.setdefault(str(k), v)
+            for k, v in sorted(metrics.items()):
+                value = _metric_value(v)
+                if value is not None:
+                    record_agree(rec, METRIC_PREFIX + k, value)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Finish the trace: a last clock estimate (collective, every rank), then close."""
@@ -214,6 +241,7 @@ class HvtraceCallback(pl.Callback):
             flush_interval_s=self.flush_interval_s,
             buffer_spans=self.buffer_spans,
             clock_rounds=self.clock_rounds,
+            consistency_every=self.consistency_every,
         )
         if tracer is None:
             return
@@ -227,6 +255,8 @@ class HvtraceCallback(pl.Callback):
         for logger in trainer.loggers:
             if callable(getattr(logger, "log_metrics", None)):
                 self._wrap(logger, "log_metrics", self._timed("logger", logger.log_metrics))
+        if callable(getattr(pl_module, "lr_scheduler_step", None)):
+            self._wrap(pl_module, "lr_scheduler_step", self._monitored(trainer, pl_module))
 
     def _refresh_lightning_optimizers(self, strategy: Any, dist: Any) -> None:
         """Lightning's wrapper of the optimizer copied ``synchronize`` before the tracer wrapped
@@ -300,6 +330,33 @@ class HvtraceCallback(pl.Callback):
         timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
 
+    def _monitored(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Callable:
+        """``pl_module.lr_scheduler_step``, recording the metric value a plateau scheduler is
+        stepped with as ``hvtrace.monitor|NAME`` (a value that must agree across ranks)."""
+        rec, orig = self.tracer.rec, pl_module.lr_scheduler_step
+
+        def lr_scheduler_step(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+            metric = args[1] if len(args) > 1 else kwargs.get("metric")
+            if metric is not None and rec.enabled:
+                try:
+                    name = next(
+                        (
+                            c.monitor
+                            for c in trainer.lr_scheduler_configs
+                            if c.scheduler is scheduler and c.monitor
+                        ),
+                        "metric",
+                    )
+                    value = _metric_value(metric)
+                    if value is not None:
+                        record_agree(rec, MONITOR_PREFIX + str(name), value)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(exc)
+            return orig(scheduler, *args, **kwargs)
+
+        lr_scheduler_step.__wrapped__ = orig  # type: ignore[attr-defined]
+        return lr_scheduler_step
+
     def _callback_hooks(self, trainer: pl.Trainer) -> Callable:
         """``Trainer._call_callback_hooks``, each round outside a step's phases recorded."""
         rec, orig, skip = self.tracer.rec, trainer._call_callback_hooks, _IN_STEP_HOOKS
@@ -331,6 +388,18 @@ class HvtraceCallback(pl.Callback):
 
         training_step.__wrapped__ = orig  # type: ignore[attr-defined]
         self._wrap(strategy, "training_step", training_step)
+
+
+def _metric_value(v: Any) -> float | None:
+    """A logged metric as a float (a one-element tensor or a number), else None."""
+    if hasattr(v, "numel"):
+        if v.numel() != 1:
+            return None
+        v = v.detach().cpu()
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 __all__ = ["HvtraceCallback"]

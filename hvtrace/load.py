@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
+from hvtrace.record.live import merge_live
 from hvtrace.record.netstat import merge_connections
 from hvtrace.record.stall import merge_stalls
 from hvtrace.schema import (
@@ -87,6 +88,8 @@ class RankFile:
     tcp: list[dict[str, Any]] = field(default_factory=list)
     #: Waits in synchronize the rank's writer noted as stalls (:mod:`hvtrace.record.stall`).
     stalls: list[dict[str, Any]] = field(default_factory=list)
+    #: Live straggler verdicts (rank 0's file; :mod:`hvtrace.record.live`).
+    live: list[dict[str, Any]] = field(default_factory=list)
     #: Barrier-round estimates as recorded (kept as a check when ``same_clock`` made them moot).
     clock_measured: list[ClockEstimate] = field(default_factory=list)
     #: True when this rank ran on rank 0's kernel (same boot id): one clock, offset exactly 0.
@@ -845,6 +848,8 @@ def _apply_status(rf: RankFile, st: dict[str, Any]) -> None:
             rf.tcp = merge_connections(rf.tcp, st["tcp"])
         if "stall" in st:
             rf.stalls = merge_stalls(rf.stalls, st["stall"])
+        if "live" in st:
+            rf.live = merge_live(rf.live, st["live"])
     except (ValueError, TypeError, KeyError, AttributeError):
         pass  # a damaged status does not make the spans unusable
 

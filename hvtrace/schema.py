@@ -59,11 +59,23 @@ KINDS: Final[tuple[str, ...]] = (
     "collective",
 )
 KIND_CODE: Final[dict[str, int]] = {k: i for i, k in enumerate(KINDS)}
+#: The spans of a step the recorder reads the training thread's counters over: the whole step,
+#: then its phases in time order (``cpu_ns`` / ``runq_ns``; the analysis's cause phases).
+STEP_PHASE_KINDS: Final[tuple[str, ...]] = (
+    "step",
+    "input",
+    "forward",
+    "backward",
+    "compute",
+    "wait",
+    "update",
+)
 
 #: Flag bits of the ``flags`` column.
 FLAG_CUDA: Final = 1  # times come from CUDA events (device time), not the host clock
 FLAG_END_UPPER_BOUND: Final = 2  # end is when the host observed completion, an upper bound
 FLAG_OWN: Final = 4  # a collective hvtrace itself issued (clock handshake): not the user's
+FLAG_AGREE: Final = 8  # a scalar that must be equal on every rank (hvtrace.scalar(agree=True))
 
 #: Columns of a trace file, in order. ``name`` is dictionary-encoded with delta dictionaries.
 FILE_SCHEMA: Final = pa.schema(

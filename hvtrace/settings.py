@@ -114,3 +114,70 @@ def trace_dir(explicit: str | os.PathLike | None, default: str) -> str | os.Path
         return explicit
     env = os.environ.get("HVTRACE_DIR", "")
     return env if env.strip() else default
+
+
+def horovod_timeline(explicit: bool | None = None) -> bool:
+    """Whether hvtrace starts Horovod's own timeline into the trace directory: ``explicit``,
+    else ``$HVTRACE_HOROVOD_TIMELINE`` (1/on/true/yes; default off)."""
+    if explicit is not None:
+        return bool(explicit)
+    raw = os.environ.get("HVTRACE_HOROVOD_TIMELINE")
+    if raw is None:
+        return False
+    v = raw.strip().lower()
+    if v in _OFF:
+        return False
+    if v not in _ON:
+        _warn_once("HVTRACE_HOROVOD_TIMELINE", raw, "is not one of 0/1, off/on", "off")
+        return False
+    return True
+
+
+def horovod_timeline_cycles() -> bool:
+    """Whether Horovod's timeline (when hvtrace starts it) marks each background-thread cycle:
+    ``$HVTRACE_HOROVOD_TIMELINE_CYCLES`` (1/on; default off)."""
+    return os.environ.get("HVTRACE_HOROVOD_TIMELINE_CYCLES", "0").strip().lower() in _ON - {""}
+
+
+def enable_dynamic_horovod_timeline() -> None:
+    """With ``$HVTRACE_HOROVOD_TIMELINE`` on and no ``$HOROVOD_TIMELINE`` of the user's, set
+    ``HOROVOD_TIMELINE=DYNAMIC``: Horovod reads it at ``hvd.init()`` and only then lets a
+    timeline be started later (:func:`hvtrace.DistributedOptimizer` starts it). Called when
+    hvtrace is imported, which is before ``hvd.init()`` in a training script."""
+    if "HOROVOD_TIMELINE" not in os.environ and horovod_timeline():
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
+
+
+CONSISTENCY_EVERY: Final = Setting(
+    "HVTRACE_CONSISTENCY_EVERY",
+    100,
+    0,
+    1e9,
+    "optimizer steps between fingerprints of the parameters (0: none; learning rates every step)",
+)
+SETTINGS[CONSISTENCY_EVERY.env] = CONSISTENCY_EVERY
+
+
+def consistency_every(explicit: int | None = None) -> int:
+    """Optimizer steps between parameter fingerprints (:mod:`hvtrace.record.consistency`):
+    ``explicit``, else ``$HVTRACE_CONSISTENCY_EVERY``, else 100; 0 turns them off (learning
+    rates are still recorded each step); bounded to 0..10**9."""
+    raw = explicit if explicit is not None else os.environ.get(CONSISTENCY_EVERY.env)
+    return CONSISTENCY_EVERY.default if raw is None else _number(CONSISTENCY_EVERY, raw, int)
+
+
+LIVE_EVERY: Final = Setting(
+    "HVTRACE_LIVE_EVERY",
+    100,
+    0,
+    1e9,
+    "steps per window of live straggler detection (0: off); rank 0's value is used by all",
+)
+SETTINGS[LIVE_EVERY.env] = LIVE_EVERY
+
+
+def live_every(explicit: int | None = None) -> int:
+    """Steps per window of live straggler detection (:mod:`hvtrace.record.live`): ``explicit``,
+    else ``$HVTRACE_LIVE_EVERY``, else 100; 0 turns it off; bounded to 0..10**9."""
+    raw = explicit if explicit is not None else os.environ.get(LIVE_EVERY.env)
+    return LIVE_EVERY.default if raw is None else _number(LIVE_EVERY, raw, int)

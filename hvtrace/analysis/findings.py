@@ -2,9 +2,10 @@
 
 :func:`make_findings` reads an :class:`hvtrace.analysis.model.Analysis` and returns a list of
 :class:`~hvtrace.analysis.model.Finding` (defined with the Analysis, re-exported here), most
-important first: an incomplete run, stragglers (with the phase), rank 0 doing blocking work
-between steps, communication-bound steps (with the Horovod knobs that help and their current
-values), many small allreduces, and lateness no phase explains.
+important first: a hang, ranks that stopped training the same model (``divergence``:
+:mod:`hvtrace.analysis.consistency`), an incomplete run, stragglers (with the phase), rank 0
+doing blocking work between steps, communication-bound steps (with the Horovod knobs that help
+and their current values), many small allreduces, and lateness no phase explains.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis.consistency import divergence_findings
 from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.outside import split_name
@@ -65,6 +67,7 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
     """Return the findings for an analysis, most important first."""
     out: list[Finding] = []
     out += _hangs(a)
+    out += divergence_findings(a)  # ranks that stopped training the same model
     out += _run_state(a)
     rank0 = _rank0_blocking(a, config or StragglerConfig())
     out += _stragglers(a, skip_rank0=bool(rank0))

@@ -20,10 +20,11 @@ from hvtrace.selection import StepRange
 
 @dataclass
 class Finding:
-    """One line of advice. ``kind`` names the check (``incomplete``, ``dropped``, ``straggler``,
-    ``slow_host``, ``rank0_blocking``, ``comm_bound``, ``small_allreduces``, ``late_unexplained``,
-    ``balanced``); ``severity`` is ``warning`` or ``info``; ``value`` is the number behind the
-    line, in ``unit``; ``data`` holds the other numbers (JSON-ready)."""
+    """One line of advice. ``kind`` names the check (``hang``, ``divergence``, ``incomplete``,
+    ``dropped``, ``straggler``, ``slow_host``, ``rank0_blocking``, ``comm_bound``,
+    ``small_allreduces``, ``late_unexplained``, ``balanced``); ``severity`` is ``warning`` or
+    ``info``; ``value`` is the number behind the line, in ``unit``; ``data`` holds the other
+    numbers (JSON-ready)."""
 
     kind: str
     severity: str
@@ -119,6 +120,15 @@ class Analysis:
     #: :func:`hvtrace.analysis.outside.outside_table`: collectives issued outside the optimizer,
     #: per source (empty when none).
     outside: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: :func:`hvtrace.analysis.consistency.check`: what was compared across ranks (parameter
+    #: fingerprints, learning rates, values that must agree) and the divergences found.
+    consistency: dict[str, Any] = field(default_factory=dict)
+    #: :func:`hvtrace.analysis.hvd_timeline.run_section`: Horovod's own timeline, merged (empty
+    #: when the run has none).
+    horovod_timeline: dict[str, Any] = field(default_factory=dict)
+    #: Live straggler verdicts the job logged while it ran (:mod:`hvtrace.record.live`, from rank
+    #: 0's file), in order: ``event`` (late / recovered), ``rank``, ``first_step``, ...
+    live: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def analyzed(self) -> pd.DataFrame:

@@ -21,20 +21,14 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.overlap import intersection_merged, merge_intervals
-from hvtrace.schema import FLAG_OWN, KIND_CODE, KINDS
+from hvtrace.schema import FLAG_OWN, KIND_CODE, KINDS, STEP_PHASE_KINDS
 
 #: The phases of a step, in time order. They do not overlap each other.
 PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
 #: Phases (and the whole step) whose CPU time and run-queue wait the recorder measures: the step
 #: table has ``X_cpu_ns`` and ``X_runq_ns`` for each that has measurements (see :func:`step_rows`).
 CAUSE_PHASES: Final[tuple[str, ...]] = (
-    "step",
-    "input",
-    "forward",
-    "backward",
-    "compute",
-    "wait",
-    "update",
+    *STEP_PHASE_KINDS,
     "collective",  # the blocked part of collectives outside the optimizer
 )
 #: Phases counted net of the time blocked in collectives outside the optimizer issued in them

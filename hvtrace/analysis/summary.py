@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis import consistency, hvd_timeline
 from hvtrace.analysis.bandwidth import (
     BANDWIDTH_CAVEAT,
     comm_summary,
@@ -223,7 +224,7 @@ def analyze_spans(
         rng = f"{int(have.min())}..{int(have.max())}"
         what = f"no spans in steps {steps.label()}" if steps is not None else "no step spans"
         raise ValueError(f"{what} (the run has {rng})")
-    return analyze_tables(
+    a = analyze_tables(
         summ.steps,
         summ.users,
         summ.collectives,
@@ -238,6 +239,10 @@ def analyze_spans(
         optimizer=optimizer,
         outside=summ.outside,
     )
+    a.consistency = consistency.check_frame(spans, steps)
+    if a.consistency.get("divergences"):
+        a.findings = make_findings(a, config)
+    return a
 
 
 def analyze(
@@ -249,6 +254,7 @@ def analyze(
     memory_limit_bytes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     dask: str | None = None,
+    horovod_timeline: str | Path | None = None,
 ) -> Analysis:
     """Analyze an opened :class:`hvtrace.Run` on the engine; return an :class:`Analysis`.
 
@@ -262,7 +268,9 @@ def analyze(
     floor); ``memory_limit_bytes``: DuckDB's memory limit (default a quarter of the machine's);
     ``progress(done, total)``: called as ranks are done; ``dask``: run the per-rank pass as
     tasks on a Dask cluster (``local:N`` or a scheduler address, see
-    :mod:`hvtrace.analysis.cluster`) instead of in this process. Raises
+    :mod:`hvtrace.analysis.cluster`) instead of in this process; ``horovod_timeline``: a Horovod
+    timeline file to merge (default: the run's own, if any: :mod:`hvtrace.analysis.hvd_timeline`).
+    Raises
     :class:`hvtrace.TraceError` when the run (or the step selection) holds no spans.
     """
     from hvtrace.analysis.engine import EngineError, summarize
@@ -361,6 +369,7 @@ def analyze(
     a.clock = run.clock_summary()
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)
+    a.consistency = consistency.check(sources, steps)
     a.links = link_table(connection_rows(run.files, run.hosts))
     cont = a.contention
     a.limiting_link = limiting_link(
@@ -369,6 +378,10 @@ def analyze(
         dict(zip(cont["host"], cont["work_share"].astype(float))),
     )
     a.problems = list(run.problems) + salvaged
+    if a.consistency.get("error"):
+        a.problems.append(f"consistency checks not read: {a.consistency['error']}")
+    a.horovod_timeline = hvd_timeline.run_section(run, sources, horovod_timeline)
+    a.live = [e for _r, f in sorted(run.files.items()) for e in getattr(f, "live", [])]
     a.missing_ranks = list(run.missing_ranks)
     a.rank_states = [
         RankState(r, f.complete, f.truncated, int(f.dropped), int(f.last_step))

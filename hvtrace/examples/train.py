@@ -50,9 +50,15 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+#: Whether injected delays are on now (``--slow-from-step`` turns them on at that step).
+DELAYS = {"on": True}
+
+
 def delay(seconds: float, kind: str = "sleep") -> None:
     """Spend ``seconds`` of wall time: asleep (``sleep``: blocked) or multiplying matrices on
-    this thread (``compute``: more work)."""
+    this thread (``compute``: more work). Nothing while :data:`DELAYS` is off."""
+    if not DELAYS["on"]:
+        return
     if kind == "sleep":
         time.sleep(seconds)
         return
@@ -155,6 +161,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the others never issue it, so every rank hangs)",
     )
     p.add_argument(
+        "--slow-from-step",
+        type=int,
+        default=0,
+        help="the --slow-rank / --slow-host delay starts at this step (default: from the start)",
+    )
+    p.add_argument(
+        "--live-callback",
+        default=None,
+        metavar="FILE",
+        help="rank 0 registers hvtrace.on_straggler, which appends each verdict to FILE as JSON",
+    )
+    p.add_argument(
         "--metric-allreduce",
         action="store_true",
         help="after each step, average the loss across ranks with hvd.allreduce (name "
@@ -176,13 +194,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "so that one run times traced and untraced steps side by side; --step-times tells which",
     )
     p.add_argument(
+        "--ab-toggle",
+        choices=["hvtrace", "horovod-timeline"],
+        default="hvtrace",
+        help="what --ab-every switches: hvtrace's recording, or Horovod's own timeline (started "
+        "by hvtrace with HVTRACE_HOROVOD_TIMELINE=1; hvtrace records throughout)",
+    )
+    p.add_argument(
         "--torch-profiler",
         default=None,
         metavar="DIR",
         help="run the training loop under torch.profiler (CPU activity) and export one Chrome "
         "trace per rank to DIR/rank{RANK}.json (for comparisons: combine with --no-trace)",
     )
+    # consistency across ranks (issue 13): what the checks must catch
+    p.add_argument(
+        "--consistency-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hvtrace: fingerprint the parameters every N steps (else $HVTRACE_CONSISTENCY_EVERY)",
+    )
+    p.add_argument(
+        "--perturb-rank",
+        type=int,
+        default=None,
+        help="this rank alone adds 1e-3 to one weight of --perturb-tensor before the forward of "
+        "--perturb-step (weights changed on one rank only)",
+    )
+    p.add_argument("--perturb-step", type=int, default=7)
+    p.add_argument("--perturb-tensor", default="net.2.weight", help="parameter name")
+    p.add_argument(
+        "--lr-skew-rank",
+        type=int,
+        default=None,
+        help="this rank alone halves its learning rate before --lr-skew-step (a scheduler "
+        "stepped on one rank only)",
+    )
+    p.add_argument("--lr-skew-step", type=int, default=12)
+    p.add_argument(
+        "--agree-skew-rank",
+        type=int,
+        default=None,
+        help="record hvtrace.scalar('lr_scale', ..., agree=True) each step; from "
+        "--agree-skew-step this rank records another value",
+    )
+    p.add_argument("--agree-skew-step", type=int, default=20)
+    p.add_argument(
+        "--no-broadcast",
+        action="store_true",
+        help="leave out hvd.broadcast_parameters and hvd.broadcast_optimizer_state (a bug)",
+    )
+    p.add_argument(
+        "--rank-seed",
+        action="store_true",
+        help="initialize the model with seed + rank (different weights per rank before the "
+        "broadcast)",
+    )
     return p.parse_args(argv)
+
+
+def _log_verdicts_to(path: Path) -> None:
+    """Register an hvtrace.on_straggler callback that appends each verdict to ``path``."""
+
+    def write(verdict: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(verdict) + "\n")
+
+    hvtrace.on_straggler(write)
+
+
+def _toggle_horovod_timeline(hvd: Any, tracer: Any, on: bool, step: int) -> bool:
+    """Benchmark only: stop Horovod's timeline, or start it again into a new file (rank 0 writes
+    it; every rank keeps the same flag). Returns whether it is on now."""
+    if hvd.rank() == 0:
+        if on:
+            hvd.stop_timeline()
+        else:
+            path = Path(tracer.rec.path).parent / f"horovod-timeline-ab-{step + 1}.json"
+            hvd.start_timeline(str(path), mark_cycles=False)
+    return not on
 
 
 def _toggle_recording(tracer: Any) -> None:
@@ -215,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {cores[local % len(cores)]})
     hvd.init()
     rank = hvd.rank()
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed + (rank if args.rank_seed else 0))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     core = MLP(args.width, args.layers)
     on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
@@ -240,14 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_trace:
         opt = hvd.DistributedOptimizer(base, **kwargs)
     else:
+        if args.consistency_every is not None:
+            kwargs["consistency_every"] = args.consistency_every
         opt = hvtrace.DistributedOptimizer(
             base,
             trace_dir=args.trace_dir,
             model=None if args.no_model_hooks else model,
             **kwargs,
         )
-    hvd.broadcast_parameters(core.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if not args.no_broadcast:
+        hvd.broadcast_parameters(core.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     w_true = torch.randn(256, 10, generator=torch.Generator().manual_seed(args.seed))
@@ -255,16 +349,35 @@ def main(argv: list[str] | None = None) -> int:
     step_times: list[float] = []
     traced: list[bool] = []
     tracer = getattr(opt, "_hvtrace", None)
+    if args.live_callback and rank == 0:
+        _log_verdicts_to(Path(args.live_callback))
+    # whether Horovod's timeline is being written (the same on every rank; rank 0 writes it)
+    timeline_on = False
+    if tracer is not None:  # (benchmarks run this file with a stand-in hvtrace: import here)
+        from hvtrace.settings import horovod_timeline
+
+        timeline_on = horovod_timeline() and (
+            tracer.horovod_timeline is not None or hvd.rank() != 0
+        )
     profiler_active = False
     with _profiler(args.torch_profiler) as prof:
         # Checked inside the loop's context: True only when torch's profiler is really recording.
         profiler_active = bool(torch.autograd._profiler_enabled())
         cpu0 = time.process_time()
         for i in range(args.steps):
+            DELAYS["on"] = i >= args.slow_from_step
             on = tracer is not None and tracer.rec.enabled
+            if args.ab_toggle == "horovod-timeline":
+                on = timeline_on
             t0 = time.perf_counter()
             if rank == args.stop_rank and i == args.stop_step:
                 os.kill(os.getpid(), signal.SIGSTOP)  # a rank that stops arriving (a hang)
+            if rank == args.perturb_rank and i == args.perturb_step:
+                with torch.no_grad():  # weights changed on this rank only
+                    dict(core.named_parameters())[args.perturb_tensor].view(-1)[0] += 1e-3
+            if rank == args.lr_skew_rank and i == args.lr_skew_step:
+                for g in opt.param_groups:  # a scheduler stepped on this rank only
+                    g["lr"] *= 0.5
             opt.zero_grad()
             for _ in range(args.bpps):
                 with hvtrace.span("data"):
@@ -292,10 +405,16 @@ def main(argv: list[str] | None = None) -> int:
             if rank == args.lone_allreduce_rank and i == args.stop_step:
                 hvd.allreduce(loss.detach(), name="metric.loss")  # the others never do
             hvtrace.scalar("loss", float(loss.detach()))
+            if args.agree_skew_rank is not None:
+                skew = rank == args.agree_skew_rank and i >= args.agree_skew_step
+                hvtrace.scalar("lr_scale", 2.0 if skew else 1.0, agree=True)
             step_times.append(time.perf_counter() - t0)
             traced.append(on)
             if args.ab_every and tracer is not None and (i + 1) % args.ab_every == 0:
-                _toggle_recording(tracer)
+                if args.ab_toggle == "horovod-timeline":
+                    timeline_on = _toggle_horovod_timeline(hvd, tracer, timeline_on, i)
+                else:
+                    _toggle_recording(tracer)
         t_loop_end = time.perf_counter()
         loop_cpu_s = time.process_time() - cpu0
     writer = tracer.rec.writer if tracer is not None else None

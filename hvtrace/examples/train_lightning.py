@@ -55,6 +55,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=None, help="save a checkpoint at each validation here")
     p.add_argument("--log-dir", default=None, help="CSV logger here (log every 5 steps)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
+    p.add_argument(
+        "--consistency-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="HvtraceCallback(consistency_every=N): fingerprint the parameters every N steps",
+    )
+    p.add_argument(
+        "--plateau",
+        action="store_true",
+        help="a ReduceLROnPlateau scheduler (patience 0, factor 0.25) monitoring val_loss",
+    )
+    p.add_argument(
+        "--val-unsynced",
+        action="store_true",
+        help="log val_loss without sync_dist: each rank's own, on its own validation shard",
+    )
     return p.parse_args(argv)
 
 
@@ -64,8 +81,18 @@ def _module_class() -> type:
     class LitMLP(pl.LightningModule):
         """:class:`MLP` with a cross-entropy loss, SGD with momentum, and a logged loss."""
 
-        def __init__(self, width: int, layers: int, lr: float, slow_forward_s: float) -> None:
+        def __init__(
+            self,
+            width: int,
+            layers: int,
+            lr: float,
+            slow_forward_s: float,
+            plateau: bool = False,
+            val_sync: bool = True,
+        ) -> None:
             super().__init__()
+            self.plateau = plateau
+            self.val_sync = val_sync
             self.net = MLP(width, layers, IN_DIM)
             self.lr = lr
             self.slow_forward_s = slow_forward_s
@@ -83,10 +110,14 @@ def _module_class() -> type:
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
-            self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=True)
+            self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=self.val_sync)
 
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+            if not self.plateau:
+                return opt
+            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.25)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val_loss"}}
 
     return LitMLP
 
@@ -122,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
     slow_s = args.slow_ms / 1e3 if rank == args.slow_rank and args.slow_ms > 0 else 0.0
     model = _module_class()(
-        args.width, args.layers, args.lr, slow_s if args.slow_phase == "forward" else 0.0
+        args.width,
+        args.layers,
+        args.lr,
+        slow_s if args.slow_phase == "forward" else 0.0,
+        plateau=args.plateau,
+        val_sync=not args.val_unsynced,
     )
     if slow_s and args.slow_phase == "backward":
         slow_backward(model.net, slow_s)
@@ -140,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
 
     callbacks: list[Any] = []
     if not args.no_trace:
-        callbacks.append(HvtraceCallback(trace_dir=args.trace_dir))
+        callbacks.append(
+            HvtraceCallback(trace_dir=args.trace_dir, consistency_every=args.consistency_every)
+        )
     if args.ckpt_dir:
         from pytorch_lightning.callbacks import ModelCheckpoint
 

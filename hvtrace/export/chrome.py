@@ -56,6 +56,7 @@ import pyarrow.compute as pc
 from hvtrace.errors import TraceError
 from hvtrace.export.output import check_output, make_output_dir
 from hvtrace.load import Run
+from hvtrace.record.consistency import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.schema import KINDS
 from hvtrace.selection import SelectionError, StepRange
 
@@ -426,6 +427,10 @@ def _build(
 
     # ---- counters: scalars
     is_scalar = (kind == _K["scalar"]) & np.isfinite(spans["value"].to_numpy(np.float64)[sel])
+    # a parameter fingerprint (hvtrace.record.consistency) is a hash: no quantity to draw
+    cats = pd.Index(spans["name"].cat.categories.astype(str))
+    fingerprint = np.append(np.asarray(cats.str.startswith(FINGERPRINT_PREFIX), bool), False)
+    is_scalar &= ~fingerprint[name_code]
     c_rank = rank[is_scalar]
     c_tid = c_rank * stride + int(slot_base[_G_STEP]) + 1
     c_value = spans["value"].to_numpy(np.float64)[sel][is_scalar]

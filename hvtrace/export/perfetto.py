@@ -83,6 +83,7 @@ from hvtrace.export.chrome import (
 )
 from hvtrace.export.output import open_output
 from hvtrace.load import RankSource, Run, align_times, span_sources
+from hvtrace.record.consistency import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.schema import KINDS
 from hvtrace.selection import StepRange
 
@@ -557,8 +558,13 @@ def write_perfetto_trace(
     steps_df: pd.DataFrame | None = None,
     inputs: Iterable[str | os.PathLike] = (),
     progress: Callable[[int, int], None] | None = None,
+    horovod: pd.DataFrame | None = None,
 ) -> PerfettoResult:
     """Write the merged timeline of ``run`` as one Perfetto protobuf trace; see the module doc.
+
+    ``horovod``: Horovod's own timeline on rank 0's clock
+    (:func:`hvtrace.analysis.hvd_timeline.aligned_activities`), drawn under rank 0 as one track
+    per tensor (negotiation and operation) with a child track of the operation's parts.
 
     ``run``: an opened run (:func:`hvtrace.load.open_run`, which already applied ``--ranks``);
     its spans are read rank by rank through DuckDB, never all at once. ``steps`` keeps those
@@ -597,6 +603,8 @@ def write_perfetto_trace(
                 del table
                 if progress is not None:
                     progress(i + 1, len(sources))
+            if horovod is not None and len(horovod) and 0 in rank_uuid:
+                _write_horovod(w, rank_uuid[0], horovod, result)
             if result.slices + result.counters == 0:
                 what = f"in steps {sel.label()}" if sel is not None else "in the run"
                 raise TraceError(f"nothing to export: no spans {what}")
@@ -630,6 +638,39 @@ def _ratio_rows(
             g["comm_compute_ratio"].to_numpy(np.float64),
         )
     return out
+
+
+def _write_horovod(w: _Writer, parent: int, acts: pd.DataFrame, result: PerfettoResult) -> None:
+    """Horovod's timeline under rank 0: per tensor a track ``horovod <tensor>`` (depth 0: the
+    negotiation and the operation) and its child ``parts`` (depth 1: fusion copies, the
+    transfer). Slices of one track are drawn in time order, each from the previous one's end
+    at the earliest (so none overlap)."""
+    first = acts.groupby("tensor")["start_ns"].min().sort_values()
+    seq = META_SEQUENCE + 1
+    for i, tensor in enumerate(first.index):
+        tu = w.uuid()
+        w.write(track_descriptor(tu, f"horovod {tensor}", parent, order=1_000_000 + i,
+                                 explicit_children=True))  # fmt: skip
+        mine = acts[acts["tensor"] == tensor]
+        for depth, name, uuid in ((0, None, tu), (1, "parts", None)):
+            part = mine[mine["depth"] == depth].sort_values("start_ns")
+            if part.empty:
+                continue
+            if uuid is None:
+                uuid = w.uuid()
+                w.write(track_descriptor(uuid, str(name), tu, order=0))
+            begin = np.maximum(part["start_ns"].to_numpy(np.int64), 0)
+            end = np.maximum(part["end_ns"].to_numpy(np.int64), begin)
+            prev_end = np.maximum.accumulate(np.concatenate([[0], end[:-1]]))
+            begin = np.maximum(begin, prev_end)
+            end = np.maximum(end, begin)
+            labels = part["activity"].astype(str)
+            names = sorted(set(labels))
+            iid = {n: k + 1 for k, n in enumerate(names)}
+            w.write(sequence_start(seq, uuid, [(iid[n], n) for n in names]))
+            codes = np.array([iid[n] for n in labels], np.int64)
+            w.write(encode_slices(seq, begin, end, codes))
+            result.slices += len(part)
 
 
 def _write_tree(w: _Writer, run: Run, hosts: dict[int, str]) -> dict[int, int]:
@@ -719,6 +760,8 @@ def _write_rank(
         is_scalar = is_scalar[np.isfinite(value[is_scalar])]
         sc = name_code[is_scalar]
         for c in np.unique(sc):
+            if names[int(c)].startswith(FINGERPRINT_PREFIX):
+                continue  # a parameter fingerprint (a hash) is no quantity to draw
             idx = is_scalar[sc == c]
             idx = idx[np.argsort(start[idx], kind="stable")]
             counters.append((names[int(c)], start[idx], value[idx]))

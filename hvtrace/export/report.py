@@ -194,6 +194,49 @@ def _outside_section(a: Analysis, w: int, max_rows: int = 8) -> list[str]:
     return L
 
 
+def _horovod_timeline_section(a: Analysis, w: int, max_rows: int = 6) -> list[str]:
+    """Horovod's own timeline, merged: negotiation and transfer per tensor (empty without)."""
+    h = a.horovod_timeline
+    if not h:
+        return []
+    L = ["", f"Horovod's timeline ({printable(h.get('file', '?'))})"]
+    if not h.get("merged"):
+        return L + wrap("not merged: " + "; ".join(map(printable, h.get("problems", []))), w)
+    rows = h.get("tensors", [])
+    headers = [
+        ("tensor", 26, "<"),
+        ("n", 5, ">"),
+        ("negotiate", 9, ">"),
+        ("transfer", 8, ">"),
+        ("last", 12, ">"),
+    ]
+    table = [["", "", "ms", "ms", "rank (share)"]]
+    for r in rows[:max_rows]:
+        last = "-" if r.get("last_rank") is None else f"{r['last_rank']} ({_pct(r['last_share'])})"
+        table.append(
+            [str(r["name"]), str(r["count"]), _num(r["negotiate_ms"], ".2f"),
+             _num(r["transfer_ms"], ".2f"), last]
+        )  # fmt: skip
+    L += _table(headers, table)
+    arr = h.get("arrival", {})
+    notes = [
+        "negotiate: until the last rank was ready (medians over the tensor's allreduces); "
+        "transfer: the collective itself; last: the rank Horovod saw ready last, where it noted "
+        "each rank (outside its response cache)."
+    ]
+    if arr.get("clear_compared"):
+        notes.append(
+            f"Horovod's last rank agrees with hvtrace's arrival in "
+            f"{_pct(arr['clear_agree_share'])} of {arr['clear_compared']} negotiations whose ranks "
+            f"were clearly apart."
+        )
+    if h.get("partial"):
+        notes.append(f"partial: {printable(h['partial'])}.")
+    for n in notes:
+        L += wrap(n, w)
+    return L
+
+
 def _select_ranks(a: Analysis, max_ranks: int) -> tuple[list[int], str]:
     """All ranks when they fit; else the named stragglers, then the latest ranks."""
     ranks = list(a.per_rank["rank"].astype(int))
@@ -327,7 +370,7 @@ def format_report(
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
     for f in a.findings:
-        if f.kind == "hang":  # at the top: the first thing to know about the run
+        if f.kind == "hang" or (f.kind == "divergence" and f.severity == "warning"):  # at the top
             L += wrap(f.message, w, "! ", "  ")
     L += _gain_lines(a, w)
 
@@ -400,6 +443,8 @@ def format_report(
     )
 
     L += _outside_section(a, w)
+    L += _horovod_timeline_section(a, w)
+    L += _live_section(a, w)
 
     # -- tensors
     t = a.tensors
@@ -557,6 +602,9 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
     lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks
     that did not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
+    ``consistency`` (what was compared across ranks: parameter checks, steps and tensors,
+    learning-rate steps and groups, values that must agree; and the divergences, first step first:
+    :func:`hvtrace.analysis.consistency.check`),
     ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
     ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
     drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``.
@@ -599,6 +647,9 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "findings": [f.to_dict() for f in a.findings],
             "whatif": dict(a.whatif),
             "hangs": list(a.hangs),
+            "consistency": dict(a.consistency),
+            "horovod_timeline": dict(a.horovod_timeline),
+            "live": list(a.live),
             "communication": {
                 **a.comm,
                 "caveat": BANDWIDTH_CAVEAT,
@@ -723,6 +774,42 @@ def write_tables(
 
 
 # -- the timeline ----------------------------------------------------------------------------------
+def _live_section(a: Analysis, w: int, max_lines: int = 8) -> list[str]:
+    """What live detection logged while the job ran (empty when nothing)."""
+    if not a.live:
+        return []
+    from hvtrace.record.live import line
+
+    L = ["", f"Seen live, while the job ran ({len(a.live)} events)"]
+    for e in a.live[:max_lines]:
+        try:
+            text = line(e).removeprefix("hvtrace: ")
+        except (KeyError, TypeError, ValueError):
+            continue  # a damaged record
+        L += wrap(printable(text), w, "  ", "    ")
+    if len(a.live) > max_lines:
+        L.append(f"  ... and {len(a.live) - max_lines} more (JSON: live)")
+    return L
+
+
+def _horovod_acts(a: Analysis, steps: StepRange | None) -> pd.DataFrame | None:
+    """Horovod's timeline activities on rank 0's clock, when the analysis merged one (those of
+    the selected steps' time span only)."""
+    h = a.horovod_timeline
+    if not h.get("merged") or h.get("offset_ns") is None or not h.get("path"):
+        return None
+    from hvtrace.analysis.hvd_timeline import TimelineError, aligned_activities
+
+    try:
+        acts = aligned_activities(h["path"], int(h["offset_ns"]))
+    except TimelineError:
+        return None
+    if steps is not None and len(a.steps):
+        lo, hi = int(a.steps["start_ns"].min()), int(a.steps["end_ns"].max())
+        acts = acts[(acts["end_ns"] >= lo) & (acts["start_ns"] <= hi)]
+    return acts
+
+
 def write_timeline(
     run: Any,
     a: Analysis,
@@ -744,7 +831,14 @@ def write_timeline(
         raise TraceError(f"cannot write the timeline: {exc}") from None
     try:
         if is_perfetto_path(path):
-            res = write_perfetto_trace(run, path, steps=steps, steps_df=a.steps, inputs=inputs)
+            res = write_perfetto_trace(
+                run,
+                path,
+                steps=steps,
+                steps_df=a.steps,
+                inputs=inputs,
+                horovod=_horovod_acts(a, steps),
+            )
             return f"timeline: {res.path} (open in https://ui.perfetto.dev)"
         files = write_chrome_trace(run, path, steps=steps, steps_df=a.steps, inputs=inputs)
     except ValueError as exc:

@@ -108,8 +108,16 @@ _lock = threading.Lock()
 _installed = False
 #: The recorder collectives are recorded into and its tracer (the phase), set by :func:`install`.
 _target: Any = None
-#: Per thread: >0 while inside a wrapped call (inner wrapped calls are part of the outer one).
-_local = threading.local()
+
+
+class _Local(threading.local):
+    """Per thread: ``depth`` > 0 while inside a wrapped call (inner wrapped calls are part of the
+    outer one). A class attribute default: reading it costs no exception on a new thread."""
+
+    depth = 0
+
+
+_local = _Local()
 #: Async handles -> (start_ns, step, name, bytes, dtype, flags), oldest first.
 _pending: OrderedDict[int, tuple] = OrderedDict()
 _op_names: dict[int, str] = {}
@@ -147,15 +155,17 @@ def install(tracer: Any) -> None:
         _installed = True
 
 
-def uninstall_target() -> None:
-    """Stop recording collectives (the wrappers stay, as pass-throughs)."""
+def release(tracer: Any) -> None:
+    """Stop recording collectives into ``tracer`` (at its finish; the wrappers stay, passing
+    calls straight through) and forget the async handles still waiting."""
     global _target
-    _target = None
-    _pending.clear()
+    if _target is tracer:
+        _target = None
+        _pending.clear()
 
 
 def _depth() -> int:
-    return getattr(_local, "depth", 0)
+    return _local.depth
 
 
 def _wrap(orig: Any, fn_name: str, family: str, blocking: bool, how: str) -> Any:
@@ -202,7 +212,7 @@ def _wrap(orig: Any, fn_name: str, family: str, blocking: bool, how: str) -> Any
 def _wrap_synchronize(orig: Any) -> Any:
     @functools.wraps(orig)
     def synchronize(handle: Any) -> Any:
-        if not _pending or handle not in _pending:
+        if not _pending or type(handle) is not int or handle not in _pending:
             return orig(handle)
         tr = _target
         try:
@@ -264,13 +274,14 @@ def _describe(
     tr: Any, fn_name: str, family: str, how: str, args: tuple, kwargs: dict
 ) -> tuple[int, str, int, int, int]:
     """Return ``(step, span name, bytes, dtype code, flags)`` of one call (before it runs)."""
-    tensors: list = []
+    tensors: Any = ()
     op = family
     if how in ("reduce", "reduce_grouped", "tensor", "grouped"):
         first = args[0] if args else kwargs.get("tensor", kwargs.get("tensors"))
-        tensors = list(first) if how in ("reduce_grouped", "grouped") else [first]
+        tensors = first if how in ("reduce_grouped", "grouped") else (first,)
         if how.startswith("reduce"):
-            op = f"{family}.{_reduce_name(family, args, kwargs)}"
+            red = _reduce_name(family, args, kwargs)
+            op = _ops.get((family, red)) or _ops.setdefault((family, red), f"{family}.{red}")
     elif how == "params":
         params = args[0] if args else kwargs.get("params")
         items = params.items() if hasattr(params, "items") else params
@@ -279,19 +290,37 @@ def _describe(
     pos = _NAME_POS.get(family)
     if name is None and pos is not None and len(args) > pos:
         name = args[pos]
-    name = "" if name is None else _clean(str(name))
     nbytes = 0
     dtype = 0
     for t in tensors:
         if hasattr(t, "element_size"):
-            nbytes += int(t.numel() * t.element_size())
+            nbytes += t.numel() * t.element_size()
             if not dtype:
-                dtype = DTYPE_CODE[dtype_name(t.dtype)]
-    flags = FLAG_END_UPPER_BOUND
-    if name.startswith(OWN_PREFIX):
-        flags |= FLAG_OWN
-    step = tr.rec.step
-    return step, f"{op}|{tr.phase_now()}|{name}", nbytes, dtype, flags
+                dtype = _dtype_code(t.dtype)
+    key = (op, tr.phase_now(), name)
+    cached = _names.get(key)
+    if cached is None:
+        clean = "" if name is None else _clean(str(name))
+        flags = FLAG_END_UPPER_BOUND | (FLAG_OWN if clean.startswith(OWN_PREFIX) else 0)
+        cached = (f"{op}|{key[1]}|{clean}", flags)
+        if len(_names) < MAX_NAMES:
+            _names[key] = cached
+    return tr.rec.step, cached[0], int(nbytes), dtype, cached[1]
+
+
+#: Span names (and flags) by (op, phase, name given), so that a collective called every step
+#: pays for its name once; at most MAX_NAMES kept (a name that changes every call is rebuilt).
+_names: dict[tuple, tuple[str, int]] = {}
+MAX_NAMES = 4096
+_dtypes: dict[Any, int] = {}
+_ops: dict[tuple[str, str], str] = {}
+
+
+def _dtype_code(torch_dtype: Any) -> int:
+    code = _dtypes.get(torch_dtype)
+    if code is None:
+        code = _dtypes[torch_dtype] = DTYPE_CODE[dtype_name(torch_dtype)]
+    return code
 
 
 def _reduce_name(family: str, args: tuple, kwargs: dict) -> str:

@@ -45,7 +45,7 @@ from typing import Any
 
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate
-from hvtrace.record import collectives, hvdpatch
+from hvtrace.record import collectives, consistency, hvdpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
 from hvtrace.record.cpustat import ThreadCounters
@@ -119,6 +119,8 @@ def DistributedOptimizer(
     flush_interval_s: float | None = None,
     buffer_spans: int | None = None,
     clock_rounds: int = 8,
+    horovod_timeline: bool | None = None,
+    consistency_every: int | None = None,
     **horovod_kwargs: Any,
 ) -> Any:
     """Return ``hvd.DistributedOptimizer(optimizer, named_parameters, **horovod_kwargs)``, traced.
@@ -129,6 +131,14 @@ def DistributedOptimizer(
     ``$HVTRACE_FLUSH_S``, else 0.5 s) is how often the writer thread appends to the file;
     ``buffer_spans`` (else ``$HVTRACE_BUFFER_SPANS``, else 2**20) bounds the in-memory buffer:
     when the writer falls that far behind, new spans are dropped and counted, never waited for.
+    ``horovod_timeline`` (else ``$HVTRACE_HOROVOD_TIMELINE``, else off) also starts Horovod's own
+    timeline into ``trace_dir`` (``horovod-timeline-RUNID.json``, written by rank 0), which
+    ``hvtrace analyze`` merges (see :mod:`hvtrace.analysis.hvd_timeline`); Horovod allows it only
+    with ``HOROVOD_TIMELINE=DYNAMIC`` set before ``hvd.init()``, which importing hvtrace does when
+    ``$HVTRACE_HOROVOD_TIMELINE`` is on.
+    ``consistency_every`` (else ``$HVTRACE_CONSISTENCY_EVERY``, else 100; 0: never) is how many
+    steps apart each rank records a fingerprint of its parameters (and at step 0); the learning
+    rates are recorded every step (:mod:`hvtrace.record.consistency`).
     Must be called on every rank, after ``hvd.init()``: it runs a short clock collective.
 
     Raises ``RuntimeError`` if Horovod is not initialized. Never raises because of tracing: if the
@@ -148,6 +158,8 @@ def DistributedOptimizer(
         flush_interval_s=flush_interval_s,
         buffer_spans=buffer_spans,
         clock_rounds=clock_rounds,
+        horovod_timeline=horovod_timeline,
+        consistency_every=consistency_every,
     )
     return dist
 
@@ -160,6 +172,8 @@ def trace_optimizer(
     flush_interval_s: float | None = None,
     buffer_spans: int | None = None,
     clock_rounds: int = 8,
+    horovod_timeline: bool | None = None,
+    consistency_every: int | None = None,
 ) -> Tracer | None:
     """Attach a :class:`Tracer` to ``dist``, a Horovod distributed optimizer built already.
 
@@ -200,6 +214,14 @@ def trace_optimizer(
         return None
     if tracer.rec.enabled and hvd.rank() == 0:
         log.info("hvtrace: recording run %s into %s", run_id, Path(opts.trace_dir).resolve())
+    if tracer.rec.enabled and settings.horovod_timeline(horovod_timeline):
+        tracer.start_horovod_timeline(Path(opts.trace_dir), run_id)
+    _start_live(hvd, tracer, clock)
+    try:
+        every = settings.consistency_every(consistency_every)
+        tracer.checks = consistency.make_checks(tracer, every)
+    except Exception as exc:  # noqa: BLE001
+        tracer.fail(exc)
     return tracer
 
 
@@ -287,6 +309,12 @@ class Tracer:
         #: The span name of the collective outside the optimizer this rank is blocked in, if any
         #: (:mod:`hvtrace.record.collectives`; read by the stall watchdog).
         self.in_collective: str | None = None
+        #: Live straggler detection (:mod:`hvtrace.record.live`), set by trace_optimizer.
+        self.live: Any = None
+        #: Horovod's timeline file, when hvtrace started it (stopped at :meth:`finish`).
+        self.horovod_timeline: Path | None = None
+        #: The consistency checks (:mod:`hvtrace.record.consistency`), set by trace_optimizer.
+        self.checks: consistency.ConsistencyChecks | None = None
         self._install(dist, model)
         self.rec.tracer = self
         _recmod._set_active(self.rec)
@@ -313,6 +341,27 @@ class Tracer:
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
             self._hooks.append(model.register_forward_hook(self._fwd_post))
+
+    def start_horovod_timeline(self, trace_dir: Path, run_id: str) -> None:
+        """Start Horovod's timeline into ``trace_dir/horovod-timeline-RUNID.json`` (Horovod's
+        rank 0 writes it); a warning, never an error, when Horovod refuses. Only rank 0 starts
+        it: Horovod's coordinator writes the file, with every rank's readiness in it."""
+        if self.hvd.rank() != 0:
+            return
+        path = trace_dir / horovod_timeline_name(run_id)
+        if os.path.lexists(path):  # never replace a file hvtrace did not create
+            _warn(f"hvtrace: {path} exists; not starting Horovod's timeline")
+            return
+        try:
+            self.hvd.start_timeline(str(path), mark_cycles=settings.horovod_timeline_cycles())
+        except Exception as exc:  # noqa: BLE001 - Horovod's timeline is optional
+            _warn(
+                f"hvtrace: Horovod's timeline not started ({exc}); set HOROVOD_TIMELINE=DYNAMIC "
+                "before hvd.init() (HVTRACE_HOROVOD_TIMELINE=1 does it when hvtrace is imported "
+                "first)"
+            )
+            return
+        self.horovod_timeline = path
 
     def phase_now(self) -> str:
         """The step phase the training thread is in now, for a collective issued now:
@@ -463,6 +512,8 @@ class Tracer:
             out = self._orig_step(closure)
             self._count_step()
             return out
+        if self.checks is not None:  # learning rates; every N steps the weights (no raise)
+            self.checks.on_step(self.rec.step)
         try:  # synchronize() already ran (the skip pattern): the update's counters start here
             ts, cs = self.now(), (self.read() if self.compute_closed else None)
             self.sync_exit = None  # set again if Horovod's step() synchronizes
@@ -494,6 +545,8 @@ class Tracer:
         self._span(K_STEP, "step", self.step_start, te, self.step_cpu, c, self.flags)
         rec, rows, self.rows = self.rec, self.rows, []
         rec.extend(rows)
+        if self.live is not None:
+            self.live.on_step(rows)
         rec.step += 1
         rec.micro = self.fwd_count = 0
         rec.between_steps = True
@@ -563,15 +616,53 @@ class Tracer:
         if sync_clock and not self._finished:
             self.resync_clock()
         self._finished = True
+        if self.horovod_timeline is not None:
+            try:
+                self.hvd.stop_timeline()  # Horovod closes the JSON array
+            except Exception:  # noqa: BLE001
+                pass
+            self.horovod_timeline = None
         for h in self._hooks:
             try:
                 h.remove()
             except Exception:  # noqa: BLE001
                 pass
         self._hooks = []
+        if self.checks is not None:
+            self.checks.close()
         if self.rec.enabled:
             self._flush_rows()
+        if self.live is not None:
+            self.live.close()
         self.rec.close()
+        collectives.release(self)
+
+
+def _start_live(hvd: Any, tracer: Tracer, clock: ClockEstimate) -> None:
+    """Live straggler detection (:mod:`hvtrace.record.live`): every rank takes rank 0's window
+    (``$HVTRACE_LIVE_EVERY``) and learns the ranks' hosts in one collective, run on every rank
+    whatever its own setting, so that they all exchange the same windows."""
+    import socket
+
+    from hvtrace.record.live import LiveMonitor
+
+    try:
+        mine = (settings.live_every(), socket.gethostname())
+        from horovod.torch.functions import allgather_object  # not hvd's: not recorded
+
+        everyone = allgather_object(mine, name="hvtrace.live.setup")
+        every = int(everyone[0][0])
+        hosts = {i: str(h) for i, (_e, h) in enumerate(everyone)}
+    except Exception as exc:  # noqa: BLE001
+        tracer.fail(f"live detection could not start: {type(exc).__name__}: {exc}")
+        return
+    if every > 0 and tracer.rec.enabled and not tracer.is_cuda:
+        tracer.live = LiveMonitor(tracer, every, clock.offset_ns, hosts)
+
+
+def horovod_timeline_name(run_id: str) -> str:
+    """The name of the Horovod timeline hvtrace starts for run ``run_id``."""
+    return f"horovod-timeline-{run_id}.json"
 
 
 def _group_key(params: Any) -> tuple:

@@ -31,7 +31,7 @@ from hvtrace.record.rows import span_count
 from hvtrace.record.stall import StallWatch
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
-from hvtrace.schema import DTYPE_CODE, FILE_SUFFIX, KIND_CODE
+from hvtrace.schema import DTYPE_CODE, FILE_SUFFIX, FLAG_AGREE, KIND_CODE
 
 log = logging.getLogger("hvtrace")
 
@@ -39,6 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _K_USER = KIND_CODE["user"]
 _K_SCALAR = KIND_CODE["scalar"]
+_FLAG_AGREE = FLAG_AGREE
 _NAN = math.nan
 
 #: Default bound of the in-memory buffer (spans); beyond it spans are dropped and counted.
@@ -77,6 +78,8 @@ class Recorder:
         self._cap = buffer_spans
         self._buf: deque = deque()
         self._clock_new: list[ClockEstimate] = []
+        #: Live straggler verdicts not yet written (:mod:`hvtrace.record.live`, rank 0).
+        self.live_events: list[dict[str, Any]] = []
         self._tcp = ConnectionSampler()
         self._stall = StallWatch(settings.stall_s())
         self._reported_dropped = 0
@@ -172,6 +175,10 @@ class Recorder:
             "final": final,
             "changed": changed,
         }
+        if self.live_events:
+            live, self.live_events = self.live_events, []
+            status["live"] = live
+            status["changed"] = True
         tcp = self._tcp(final)  # runs on the writer thread, like this method
         if tcp:
             status["tcp"] = tcp
@@ -322,8 +329,14 @@ class span:
         return wrapper  # type: ignore[return-value]
 
 
-def scalar(name: str, value: Any) -> None:
+def scalar(name: str, value: Any, agree: bool = False) -> None:
     """Record a per-step scalar (such as the loss) on this rank. A no-op when not tracing.
+
+    ``agree=True`` marks a value that must be equal on every rank (a learning rate, an epoch
+    number, a metric averaged across ranks): ``hvtrace analyze`` compares it across ranks per
+    step and reports a ``divergence`` (the step, the ranks and their values) where it differs
+    (flag bit 3 of the row, :data:`hvtrace.schema.FLAG_AGREE`). Compare exactly: record a value
+    every rank computes the same way (``float(hvd.allreduce(x))``), not a rank's own loss.
 
     The value belongs to the step in progress; recorded after ``opt.step()`` and before the next
     step's forward, it belongs to the step just finished.
@@ -346,7 +359,8 @@ def scalar(name: str, value: Any) -> None:
             value = value.detach().item()
         t = monotonic_ns()
         step = rec.step - 1 if rec.between_steps and rec.step > 0 else rec.step
-        rec.add(_K_SCALAR, str(name), t, t, value=float(value), step=step)
+        flags = _FLAG_AGREE if agree else 0
+        rec.add(_K_SCALAR, str(name), t, t, value=float(value), flags=flags, step=step)
     except Exception as e:  # noqa: BLE001
         rec.fail(f"recording scalar {name!r}: {e}")
 

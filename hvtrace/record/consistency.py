@@ -1,0 +1,261 @@
+"""Consistency across ranks, recorded: parameter fingerprints, learning rates, agreed values.
+
+Horovod keeps ranks in step only as long as they start from the same weights and apply the same
+updates; nothing checks it. A rank that starts from other weights (``broadcast_parameters`` left
+out), changes its weights alone (a callback on one rank), or trains at another learning rate (a
+scheduler fed a metric that differs across ranks) silently trains another model. This module
+records, on each rank, the values that must be equal on every rank, as ``scalar`` rows under
+reserved names (:mod:`hvtrace.analysis.consistency` compares them across ranks):
+
+- ``hvtrace.lr|G``: the learning rate of param group ``G``, every step (a float read per group);
+- ``hvtrace.param|NAME``: a fingerprint of parameter ``NAME``, every ``consistency_every`` steps
+  (and at step 0, before any update). Fingerprints are equal for bit-identical tensors and differ
+  almost surely otherwise:
+
+  - CPU tensors: the CRC-32 of the tensor's bytes (``zlib.crc32``, about 3 GB/s; any change of up
+    to 32 consecutive bits, such as one element, is always detected), read at once;
+  - CUDA tensors: computed on the device, never synchronizing: the bytes viewed as integers
+    (int64/int32/int16/uint8 by element size) widened to int64, ``s1 = sum(x)`` and
+    ``s2 = sum(x[i] * x[i+1])`` (integer sums wrap modulo 2**64, so the result does not depend on
+    the reduction order), folded into 52 bits (``(s1 * 1000003 + s2) mod 2**52``, exact as a
+    float64). The fingerprints of one check are copied to pinned host memory with
+    ``non_blocking=True`` behind a CUDA event, and written when a later check (or the end of the
+    run) finds the event done, like the CUDA timers (:mod:`hvtrace.record.timers`);
+
+- values the user marks as ones that must agree: ``hvtrace.scalar(name, value, agree=True)``
+  (flag bit 3, :data:`hvtrace.schema.FLAG_AGREE`), and in Lightning the logged metrics at epoch
+  end (``hvtrace.metric|NAME``) and the value a ``ReduceLROnPlateau`` is stepped with
+  (``hvtrace.monitor|NAME``, NAME the metric it monitors), both with that flag too.
+
+The checks run in the optimizer's ``step()`` before the update (so a fingerprint at step ``s`` is
+of the weights step ``s`` computed its gradients with); their time counts in the update phase of
+the checked steps and is also a ``hvtrace.consistency`` user span (left out of the statistics).
+A failure disables tracing with one warning, as anywhere in hvtrace.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections import deque
+from typing import Any, Final
+
+from hvtrace.record.timers import monotonic_ns
+from hvtrace.schema import FLAG_AGREE, KIND_CODE
+
+log = logging.getLogger("hvtrace")
+
+#: Reserved scalar names (the analysis reads them back).
+PARAM_PREFIX: Final = "hvtrace.param|"
+LR_PREFIX: Final = "hvtrace.lr|"
+MONITOR_PREFIX: Final = "hvtrace.monitor|"
+METRIC_PREFIX: Final = "hvtrace.metric|"
+#: The user span around one parameter check.
+CHECK_SPAN: Final = "hvtrace.consistency"
+#: Device checks whose results are not read back yet, at most (older ones are dropped, counted).
+MAX_PENDING: Final = 8
+_MASK52: Final = (1 << 52) - 1
+_MULT: Final = 1000003
+
+_K_SCALAR = KIND_CODE["scalar"]
+_K_USER = KIND_CODE["user"]
+
+
+def fingerprint_bytes(t: Any) -> float:
+    """The CRC-32 of a CPU tensor's bytes, as a float (exact). Reads the tensor at once."""
+    import torch
+
+    x = t.detach()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    b = x.reshape(-1).view(torch.uint8).numpy()
+    return float(zlib.crc32(b))
+
+
+_INT_OF_SIZE: dict[int, Any] = {}
+
+
+def fingerprint_device(tensors: list[Any]) -> Any:
+    """Fingerprints of ``tensors`` (one device) as one int64 tensor on that device, each in
+    ``[0, 2**52)``; only kernels are launched (nothing waits for the device)."""
+    import torch
+
+    if not _INT_OF_SIZE:
+        _INT_OF_SIZE.update({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8})
+    out = []
+    for t in tensors:
+        x = t.detach().reshape(-1)
+        x = x.view(_INT_OF_SIZE[x.element_size()]).to(torch.int64)
+        s1 = x.sum()
+        s2 = (x[1:] * x[:-1]).sum() if x.numel() > 1 else torch.zeros_like(s1)
+        out.append(torch.bitwise_and(s1 * _MULT + s2, _MASK52))
+    if not out:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.stack(out)
+
+
+class ConsistencyChecks:
+    """Records the consistency rows of one traced optimizer (see the module doc).
+
+    ``tracer``: the :class:`hvtrace.record.optimizer.Tracer`; ``every``: steps between parameter
+    fingerprints (0: learning rates only); ``device``: fingerprint on the device (lazily read)
+    rather than hash the bytes on the host (default: when the tracer times with CUDA events).
+    """
+
+    def __init__(self, tracer: Any, every: int, device: bool | None = None) -> None:
+        self.tracer = tracer
+        self.rec = tracer.rec
+        self.every = int(every)
+        self.device = bool(tracer.is_cuda) if device is None else bool(device)
+        self.groups = tracer.dist.param_groups  # live: lr changes, groups added later
+        self._names = getattr(tracer.dist, "_parameter_names", {}) or {}
+        self._params: list[tuple[str, Any]] = []
+        self._n_groups = -1
+        self._lr_names: list[str] = []
+        self.pending: deque = deque()
+        self.dropped = 0
+        self.checks = 0
+        self._warned: set[str] = set()
+
+    # -- per step (hot path: one float and one row per param group) ----------------------------
+    def on_step(self, step: int) -> None:
+        """Record the learning rates of step ``step`` and, every ``every`` steps, the parameters'
+        fingerprints (before the update). Never raises: a failure disables tracing."""
+        rec = self.rec
+        if not rec.enabled:
+            return
+        try:
+            groups = self.groups
+            if len(groups) != self._n_groups:
+                self._refresh()
+            t = monotonic_ns()
+            names, add = self._lr_names, rec.add
+            for i, g in enumerate(groups):
+                lr = g.get("lr")
+                if lr is None:
+                    continue
+                if lr.__class__ is not float:
+                    lr = self._number(lr)
+                    if lr is None:
+                        continue
+                add(_K_SCALAR, names[i], t, t, value=lr, step=step)
+            if self.pending:
+                self.collect()
+            if self.every and step % self.every == 0:
+                self.check_params(step)
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self.tracer.fail(f"consistency check: {type(exc).__name__}: {exc}")
+
+    def _number(self, lr: Any) -> float | None:
+        """A learning rate that is not a float: an int, or a one-element tensor (a CUDA one is
+        not read: that would synchronize)."""
+        if getattr(lr, "is_cuda", False):
+            self._warn_once(
+                "a CUDA tensor learning rate is not recorded (reading it would synchronize the "
+                "device)"
+            )
+            return None
+        return float(lr)
+
+    def _refresh(self) -> None:
+        """(Re)build the parameter list and the lr row names (param groups changed)."""
+        self._n_groups = len(self.groups)
+        self._lr_names = [f"{LR_PREFIX}{i}" for i in range(self._n_groups)]
+        params, seen = [], set()
+        for g in self.groups:
+            for p in g["params"]:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                name = self._names.get(p) or f"param.{len(params)}"
+                params.append((PARAM_PREFIX + str(name), p))
+        self._params = params
+
+    # -- parameter fingerprints (every N steps) ------------------------------------------------
+    def check_params(self, step: int) -> None:
+        """Record a fingerprint of every parameter, as of now, for step ``step``."""
+        rec = self.rec
+        read = getattr(self.tracer, "read", None)  # the training thread's CPU counters
+        t0 = monotonic_ns()
+        c0 = read() if read is not None else None
+        if self.device:
+            self._launch(step, t0)
+        else:
+            add = rec.add
+            for name, p in self._params:
+                if p.is_cuda:  # a CUDA tensor in a host-timed run: never read it here
+                    continue
+                add(_K_SCALAR, name, t0, t0, value=fingerprint_bytes(p), step=step)
+        self.checks += 1
+        t1 = monotonic_ns()
+        c1 = read() if read is not None else None
+        rec.add(_K_USER, CHECK_SPAN, t0, t1, step=step, cpu_start=c0, cpu_end=c1)
+
+    def _launch(self, step: int, t: int) -> None:
+        """Launch the device fingerprints of one check and queue their copy to the host."""
+        import torch
+
+        by_dev: dict[Any, list[tuple[str, Any]]] = {}
+        for name, p in self._params:
+            by_dev.setdefault(p.device, []).append((name, p))
+        for dev, items in by_dev.items():
+            fps = fingerprint_device([p for _, p in items])
+            if dev.type == "cuda":
+                host = torch.empty(fps.shape, dtype=fps.dtype, pin_memory=True)
+                host.copy_(fps, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+            else:
+                host, ev = fps, None
+            if len(self.pending) >= MAX_PENDING:
+                old = self.pending.popleft()
+                self.dropped += len(old[2])
+                self._warn_once("consistency fingerprints dropped: the device is far behind")
+            self.pending.append((step, t, [n for n, _ in items], host, ev))
+
+    def collect(self, wait: bool = False) -> None:
+        """Write the device fingerprints whose copy finished (all of them with ``wait``, at
+        the end of the run: that synchronizes)."""
+        pending, add = self.pending, self.rec.add
+        while pending:
+            step, t, names, host, ev = pending[0]
+            if ev is not None:
+                if wait:
+                    ev.synchronize()
+                elif not ev.query():
+                    return
+            pending.popleft()
+            for name, v in zip(names, host.tolist()):
+                add(_K_SCALAR, name, t, t, value=float(v), step=step)
+
+    def close(self) -> None:
+        """Write what is still pending (the end of the run)."""
+        try:
+            if self.rec.enabled:
+                self.collect(wait=True)
+        except Exception as exc:  # noqa: BLE001
+            self.tracer.fail(f"consistency check: {type(exc).__name__}: {exc}")
+        self.pending.clear()
+
+    def _warn_once(self, msg: str) -> None:
+        if msg not in self._warned:
+            self._warned.add(msg)
+            log.warning("hvtrace: %s", msg)
+
+
+def record_agree(rec: Any, name: str, value: Any, step: int | None = None) -> None:
+    """Record ``value`` as a scalar ``name`` that must be equal on every rank (flag
+    :data:`~hvtrace.schema.FLAG_AGREE`) on recorder ``rec``. ``step``: default the step in
+    progress, or the one just finished between steps (as :func:`hvtrace.scalar`). Raises on a
+    value that is not a number (the callers catch it)."""
+    if step is None:
+        step = rec.step - 1 if rec.between_steps and rec.step > 0 else rec.step
+    t = monotonic_ns()
+    rec.add(_K_SCALAR, str(name), t, t, value=float(value), flags=FLAG_AGREE, step=step)
+
+
+def make_checks(tracer: Any, every: int) -> ConsistencyChecks | None:
+    """The checks for ``tracer`` (None when its recording is off)."""
+    if not tracer.rec.enabled:
+        return None
+    return ConsistencyChecks(tracer, every)

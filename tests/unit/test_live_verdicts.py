@@ -1,0 +1,102 @@
+"""Live straggler detection's pieces, without Horovod: a window's rows reduced per step, the
+offline straggler decision on the gathered windows, the log line, the callbacks, the records."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hvtrace.record import live
+from hvtrace.record.rows import Allreduces
+from hvtrace.schema import KIND_CODE
+
+MS = 1_000_000
+
+
+def _step_rows(step: int, t0: int, fwd_ms: float) -> list:
+    """What the tracer hands over for one step: phase rows and one synchronize's allreduces."""
+    k = KIND_CODE
+    f1 = t0 + 2 * MS + int(fwd_ms * MS)
+    b1 = f1 + 10 * MS
+    end = b1 + 6 * MS
+    row = lambda kind, s, e: (step, 0, k[kind], kind, s, e, 0, 0, np.nan, 0, s, e)  # noqa: E731
+    return [
+        row("input", t0, t0 + 2 * MS),
+        row("forward", t0 + 2 * MS, f1),
+        row("backward", f1, b1),
+        Allreduces(step, 0, 2, [(b1 - 1 * MS, 1, 7)], [], b1 + 3 * MS, {}),
+        row("wait", b1, b1 + 4 * MS),
+        row("update", b1 + 4 * MS, end),
+        row("step", t0, end),
+    ]
+
+
+def _window(slow_ms: float, first: int = 40, n: int = 20, offset_ns: int = 0) -> np.ndarray:
+    rows, t = [], 10_000 * MS
+    for s in range(first, first + n):
+        rows.append(_step_rows(s, t + offset_ns, 10 + slow_ms))
+        t += 100 * MS
+    return live.step_matrix(rows, offset_ns)
+
+
+def test_a_window_is_reduced_to_one_row_per_step() -> None:
+    m = _window(0.0, offset_ns=5 * MS)
+    assert m.shape == (20, live.N_COLS)
+    assert list(m[:3, 0]) == [40, 41, 42]
+    fwd = 1 + 3 * live.PHASES.index("forward")
+    assert m[0, fwd] == 10 * MS
+    assert m[0, fwd + 1] == 10 * MS  # CPU readings are plain ints here: cpu = end - start
+    # arrival: the latest enqueue, on rank 0's clock (the offset taken off)
+    assert m[0, -1] == 10_000 * MS + 2 * MS + 10 * MS + 10 * MS - 1 * MS
+
+
+def test_the_gathered_windows_name_the_slow_rank_as_the_analysis_does() -> None:
+    gathered = np.vstack([_window(0.0), _window(20.0)])
+    out = live.verdicts(gathered, 2, {0: "a", 1: "b"})
+    assert [(v["rank"], v["host"], v["phase"]) for v in out] == [(1, "b", "forward")]
+    v = out[0]
+    assert (v["first_step"], v["last_step"]) == (40, 59)
+    assert v["late_ms"] == pytest.approx(20.0) and v["phase_excess_ms"] == pytest.approx(20.0)
+    assert live.verdicts(np.vstack([_window(0.0), _window(0.0)]), 2, {}) == []
+
+
+@pytest.mark.parametrize("use_process", [False, True], ids=["in-process", "judge-process"])
+def test_verdicts_are_logged_written_and_passed_to_callbacks(
+    monkeypatch, caplog, use_process: bool
+) -> None:
+    got: list[dict] = []
+    monkeypatch.setattr(live, "_callbacks", [])
+    live.on_straggler(got.append)
+    live.on_straggler(lambda v: 1 / 0)  # a broken callback is logged, never raised
+    rec = SimpleNamespace(enabled=True, live_events=[])
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.tracer, mon.hosts, mon.named = SimpleNamespace(rec=rec), {0: "a", 1: "b"}, {}
+    mon.use_process, mon._judge_proc = use_process, None
+    mon.streak, mon.clear = {}, {}
+    with caplog.at_level(logging.WARNING, logger="hvtrace"):
+        for first, slow in ((20, 20.0), (40, 0.0), (60, 20.0), (80, 20.0), (100, 20.0)):
+            mon._judge(np.vstack([_window(0.0, first), _window(slow, first)]), 2)
+        # one window of 20 steps is not "consistently": logged at the second in a row
+        for first in (120, 140):  # recovered after two windows without it
+            mon._judge(np.vstack([_window(0.0, first), _window(0.0, first)]), 2)
+    text = caplog.text
+    assert "steps 20-39" not in text  # named once, alone: not logged
+    assert "hvtrace: rank 1 (host b) late 20.0 ms/step over steps 80-99: forward" in text
+    assert text.count("ms/step over steps") == 1  # still late at 100-119: no new line
+    assert "rank 1 (host b) no longer late over steps 140-159" in text
+    assert "on_straggler callback failed: ZeroDivisionError" in text
+    assert [e["event"] for e in got] == ["late", "recovered"]
+    assert [e["event"] for e in rec.live_events] == ["late", "recovered"]
+    mon._stop_judge()
+
+
+def test_live_records_merge_once_each_and_drop_junk() -> None:
+    a = {"event": "late", "rank": 1, "first_step": 40}
+    b = {"event": "recovered", "rank": 1, "first_step": 80}
+    out = live.merge_live([a, "junk"], [a, b, None, 7])
+    assert out == [a, b]
+    many = [{"event": "late", "rank": i, "first_step": 0} for i in range(live.MAX_EVENTS + 5)]
+    assert len(live.merge_live(many, None)) == live.MAX_EVENTS
