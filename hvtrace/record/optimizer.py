@@ -207,6 +207,7 @@ def trace_optimizer(
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: clock synchronisation failed ({exc}); not tracing")
         return None
+    live_setup = _live_setup(hvd)
     try:
         tracer = Tracer(dist, model, hvd, run_id, clock, opts)
     except Exception as exc:  # noqa: BLE001
@@ -216,7 +217,7 @@ def trace_optimizer(
         log.info("hvtrace: recording run %s into %s", run_id, Path(opts.trace_dir).resolve())
     if tracer.rec.enabled and settings.horovod_timeline(horovod_timeline):
         tracer.start_horovod_timeline(Path(opts.trace_dir), run_id)
-    _start_live(hvd, tracer, clock)
+    _start_live(tracer, live_setup, clock)
     try:
         every = settings.consistency_every(consistency_every)
         tracer.checks = consistency.make_checks(tracer, every)
@@ -311,6 +312,7 @@ class Tracer:
         self.in_collective: str | None = None
         #: Live straggler detection (:mod:`hvtrace.record.live`), set by trace_optimizer.
         self.live: Any = None
+        self.done_rows: list = []
         #: Horovod's timeline file, when hvtrace started it (stopped at :meth:`finish`).
         self.horovod_timeline: Path | None = None
         #: The consistency checks (:mod:`hvtrace.record.consistency`), set by trace_optimizer.
@@ -545,8 +547,7 @@ class Tracer:
         self._span(K_STEP, "step", self.step_start, te, self.step_cpu, c, self.flags)
         rec, rows, self.rows = self.rec, self.rows, []
         rec.extend(rows)
-        if self.live is not None:
-            self.live.on_step(rows)
+        self.done_rows = rows  # the live window's, at _count_step
         rec.step += 1
         rec.micro = self.fwd_count = 0
         rec.between_steps = True
@@ -587,9 +588,15 @@ class Tracer:
         self.meta[key] = tensor_meta(params, sent, self.dist._parameter_names)
 
     def _count_step(self) -> bool:
-        """Count a step on every rank; run the scheduled clock collective. True if it ran."""
+        """Count a step on every rank; run the scheduled clock collective. True if it ran.
+
+        Live detection counts the step here too, with the step's entries when it was recorded
+        (else none): its windows' collective stays in step on every rank, recording or not."""
         self.steps_done += 1
         s = self.steps_done
+        if self.live is not None:
+            rows, self.done_rows = self.done_rows, []
+            self.live.on_step(rows)
         if s == CLOCK_RESYNC_FIRST or (s > CLOCK_RESYNC_FIRST and s % CLOCK_RESYNC_EVERY == 0):
             self.resync_clock()
             return True
@@ -638,26 +645,32 @@ class Tracer:
         collectives.release(self)
 
 
-def _start_live(hvd: Any, tracer: Tracer, clock: ClockEstimate) -> None:
-    """Live straggler detection (:mod:`hvtrace.record.live`): every rank takes rank 0's window
-    (``$HVTRACE_LIVE_EVERY``) and learns the ranks' hosts in one collective, run on every rank
-    whatever its own setting, so that they all exchange the same windows."""
+def _live_setup(hvd: Any) -> tuple[int, dict[int, str]] | None:
+    """Live straggler detection's set-up collective, run right after the clock handshake on
+    every rank (before anything that could fail on one rank only): rank 0's window
+    (``$HVTRACE_LIVE_EVERY``) for all, and the ranks' hosts. None if it failed."""
     import socket
 
-    from hvtrace.record.live import LiveMonitor
-
     try:
-        mine = (settings.live_every(), socket.gethostname())
         from horovod.torch.functions import allgather_object  # not hvd's: not recorded
 
-        everyone = allgather_object(mine, name="hvtrace.live.setup")
-        every = int(everyone[0][0])
-        hosts = {i: str(h) for i, (_e, h) in enumerate(everyone)}
+        everyone = allgather_object(
+            (settings.live_every(), socket.gethostname()), name="hvtrace.live.setup"
+        )
+        return int(everyone[0][0]), {i: str(h) for i, (_e, h) in enumerate(everyone)}
     except Exception as exc:  # noqa: BLE001
-        tracer.fail(f"live detection could not start: {type(exc).__name__}: {exc}")
-        return
-    if every > 0 and tracer.rec.enabled and not tracer.is_cuda:
-        tracer.live = LiveMonitor(tracer, every, clock.offset_ns, hosts)
+        _warn(f"hvtrace: live detection not started ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _start_live(tracer: Tracer, setup: tuple[int, dict[int, str]] | None, clock: Any) -> None:
+    """Attach live detection (:mod:`hvtrace.record.live`) to the tracer, on every rank whether
+    or not it records (its windows' collective must stay in step on all ranks; see
+    :meth:`Tracer._count_step`). Off with CUDA timers."""
+    from hvtrace.record.live import LiveMonitor
+
+    if setup is not None and setup[0] > 0 and not tracer.is_cuda:
+        tracer.live = LiveMonitor(tracer, setup[0], clock.offset_ns, setup[1])
 
 
 def horovod_timeline_name(run_id: str) -> str:
