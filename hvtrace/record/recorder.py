@@ -420,6 +420,8 @@ def _install_signal_handlers(rec: Recorder) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
     except (ValueError, OSError):
         pass
+    if watch is not None:
+        watch.handler = on_sigterm
 
 
 #: How long a SIGTERM may wait for the main thread's handler before :class:`_TermWatch` acts.
@@ -433,6 +435,7 @@ class _TermWatch:
     default action, as it would have ended without hvtrace.
 
     Not started when another wakeup fd is set already (asyncio's, say): that one is left alone.
+    Does nothing once the job has installed a SIGTERM handler of its own after hvtrace's.
     """
 
     #: The watch of this process, if one was started.
@@ -440,6 +443,8 @@ class _TermWatch:
 
     def __init__(self, rec: Recorder, read_fd: int) -> None:
         self.rec = rec
+        #: hvtrace's SIGTERM handler (the watch acts only while it is the installed one).
+        self.handler: Any = None
         self.read_fd = read_fd
         self.handled = threading.Event()
 
@@ -468,7 +473,14 @@ class _TermWatch:
                 data = os.read(self.read_fd, 64)
                 if not data:
                     return
-                if signal.SIGTERM in data and not self.handled.wait(TERM_GRACE_S):
+                # only while SIGTERM is still hvtrace's: a handler the job installed later
+                # (a framework's graceful shutdown) owns the signal, however long it takes
+                if (
+                    signal.SIGTERM in data
+                    and signal.getsignal(signal.SIGTERM) is self.handler
+                    and not self.handled.wait(TERM_GRACE_S)
+                    and signal.getsignal(signal.SIGTERM) is self.handler
+                ):
                     self._terminate()
                     return
         except Exception:  # noqa: BLE001 - never into training; the Python handler remains
