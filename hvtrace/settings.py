@@ -41,8 +41,25 @@ STALL_S: Final = Setting(
     86400.0,
     "seconds a rank waits in synchronize before its file notes a stall (Horovod's stall check)",
 )
-#: Every setting, by environment variable (``HVTRACE`` and ``HVTRACE_DIR`` are parsed below).
-SETTINGS: Final = {s.env: s for s in (FLUSH_S, BUFFER_SPANS, STALL_S)}
+CONSISTENCY_EVERY: Final = Setting(
+    "HVTRACE_CONSISTENCY_EVERY",
+    100,
+    0,
+    1e9,
+    "optimizer steps between fingerprints of the parameters (0: none; learning rates every step)",
+)
+LIVE_EVERY: Final = Setting(
+    "HVTRACE_LIVE_EVERY",
+    100,
+    0,
+    1e9,
+    "steps per window of live straggler detection (0: off); rank 0's value is used by all",
+)
+#: Every numeric setting, by environment variable (the on/off ones and ``HVTRACE_DIR`` are
+#: parsed below).
+SETTINGS: Final = {
+    s.env: s for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY)
+}
 
 _OFF: Final = {"0", "false", "off", "no"}
 _ON: Final = {"", "1", "true", "on", "yes"}
@@ -75,37 +92,53 @@ def _number(setting: Setting, raw: object, cast: type) -> Any:
     return cast(value)
 
 
+def _value(setting: Setting, explicit: Any, cast: type) -> Any:
+    """``explicit``, else the setting's environment variable, else its default; checked."""
+    raw = explicit if explicit is not None else os.environ.get(setting.env)
+    return setting.default if raw is None else _number(setting, raw, cast)
+
+
+def _flag(env: str, default: bool, explicit: bool | None = None) -> bool:
+    """An on/off setting: ``explicit``, else ``$env`` (0/1, off/on, false/true, no/yes; blank is
+    on), else ``default``; an unknown value warns and keeps the default."""
+    if explicit is not None:
+        return bool(explicit)
+    raw = os.environ.get(env)
+    if raw is None:
+        return default
+    v = raw.strip().lower()
+    if v in _OFF:
+        return False
+    if v in _ON:
+        return True
+    _warn_once(
+        env, raw, "is not one of 0/1, off/on, false/true, no/yes", "on" if default else "off"
+    )
+    return default
+
+
 def flush_interval_s(explicit: float | None = None) -> float:
     """The writer's flush interval in seconds: ``explicit``, else ``$HVTRACE_FLUSH_S``, else
     0.5; bounded to 0.01..60 s."""
-    raw = explicit if explicit is not None else os.environ.get(FLUSH_S.env)
-    return FLUSH_S.default if raw is None else _number(FLUSH_S, raw, float)
+    return _value(FLUSH_S, explicit, float)
 
 
 def buffer_spans(explicit: int | None = None) -> int:
     """The span buffer's bound: ``explicit``, else ``$HVTRACE_BUFFER_SPANS``, else 2**20;
     bounded to 16..2**26."""
-    raw = explicit if explicit is not None else os.environ.get(BUFFER_SPANS.env)
-    return BUFFER_SPANS.default if raw is None else _number(BUFFER_SPANS, raw, int)
+    return _value(BUFFER_SPANS, explicit, int)
 
 
 def stall_s(explicit: float | None = None) -> float:
     """Seconds in ``synchronize`` after which the writer notes a stall: ``explicit``, else
     ``$HVTRACE_STALL_S``, else 60 (Horovod's stall check); bounded to 0.5 s..1 day."""
-    raw = explicit if explicit is not None else os.environ.get(STALL_S.env)
-    return STALL_S.default if raw is None else _number(STALL_S, raw, float)
+    return _value(STALL_S, explicit, float)
 
 
 def tracing_enabled() -> bool:
     """False when ``$HVTRACE`` turns recording off (0, false, off, no); an unknown value warns
     and keeps recording on."""
-    raw = os.environ.get("HVTRACE", "1")
-    v = raw.strip().lower()
-    if v in _OFF:
-        return False
-    if v not in _ON:
-        _warn_once("HVTRACE", raw, "is not one of 0/1, off/on, false/true, no/yes", "on")
-    return True
+    return _flag("HVTRACE", True)
 
 
 def trace_dir(explicit: str | os.PathLike | None, default: str) -> str | os.PathLike:
@@ -119,24 +152,13 @@ def trace_dir(explicit: str | os.PathLike | None, default: str) -> str | os.Path
 def horovod_timeline(explicit: bool | None = None) -> bool:
     """Whether hvtrace starts Horovod's own timeline into the trace directory: ``explicit``,
     else ``$HVTRACE_HOROVOD_TIMELINE`` (1/on/true/yes; default off)."""
-    if explicit is not None:
-        return bool(explicit)
-    raw = os.environ.get("HVTRACE_HOROVOD_TIMELINE")
-    if raw is None:
-        return False
-    v = raw.strip().lower()
-    if v in _OFF:
-        return False
-    if v not in _ON:
-        _warn_once("HVTRACE_HOROVOD_TIMELINE", raw, "is not one of 0/1, off/on", "off")
-        return False
-    return True
+    return _flag("HVTRACE_HOROVOD_TIMELINE", False, explicit)
 
 
 def horovod_timeline_cycles() -> bool:
     """Whether Horovod's timeline (when hvtrace starts it) marks each background-thread cycle:
-    ``$HVTRACE_HOROVOD_TIMELINE_CYCLES`` (1/on; default off)."""
-    return os.environ.get("HVTRACE_HOROVOD_TIMELINE_CYCLES", "0").strip().lower() in _ON - {""}
+    ``$HVTRACE_HOROVOD_TIMELINE_CYCLES`` (1/on; default off; blank is on, as for every flag)."""
+    return _flag("HVTRACE_HOROVOD_TIMELINE_CYCLES", False)
 
 
 def enable_dynamic_horovod_timeline() -> None:
@@ -148,36 +170,14 @@ def enable_dynamic_horovod_timeline() -> None:
         os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
 
 
-CONSISTENCY_EVERY: Final = Setting(
-    "HVTRACE_CONSISTENCY_EVERY",
-    100,
-    0,
-    1e9,
-    "optimizer steps between fingerprints of the parameters (0: none; learning rates every step)",
-)
-SETTINGS[CONSISTENCY_EVERY.env] = CONSISTENCY_EVERY
-
-
 def consistency_every(explicit: int | None = None) -> int:
     """Optimizer steps between parameter fingerprints (:mod:`hvtrace.record.consistency`):
     ``explicit``, else ``$HVTRACE_CONSISTENCY_EVERY``, else 100; 0 turns them off (learning
     rates are still recorded each step); bounded to 0..10**9."""
-    raw = explicit if explicit is not None else os.environ.get(CONSISTENCY_EVERY.env)
-    return CONSISTENCY_EVERY.default if raw is None else _number(CONSISTENCY_EVERY, raw, int)
-
-
-LIVE_EVERY: Final = Setting(
-    "HVTRACE_LIVE_EVERY",
-    100,
-    0,
-    1e9,
-    "steps per window of live straggler detection (0: off); rank 0's value is used by all",
-)
-SETTINGS[LIVE_EVERY.env] = LIVE_EVERY
+    return _value(CONSISTENCY_EVERY, explicit, int)
 
 
 def live_every(explicit: int | None = None) -> int:
     """Steps per window of live straggler detection (:mod:`hvtrace.record.live`): ``explicit``,
     else ``$HVTRACE_LIVE_EVERY``, else 100; 0 turns it off; bounded to 0..10**9."""
-    raw = explicit if explicit is not None else os.environ.get(LIVE_EVERY.env)
-    return LIVE_EVERY.default if raw is None else _number(LIVE_EVERY, raw, int)
+    return _value(LIVE_EVERY, explicit, int)

@@ -204,6 +204,7 @@ class Engine:
             else:  # clock drift: the offset of each (rank, step)
                 off, on = offsets, "s.rank = o.rank AND s.step = o.step"
             con.register("hv_offsets", off)
+            registered.append("hv_offsets")
             partial = f"""SELECT s.step, s.name, count(*) AS n_spans, max(s.bytes) AS bytes,
                        any_value(s.dtype) AS dtype,
                        min(s.start_ns - coalesce(o.off_ns, 0)) AS first_start_ns,
@@ -211,14 +212,11 @@ class Engine:
                        min(s.end_ns - coalesce(o.off_ns, 0)) AS end_ns
                 FROM {table} s LEFT JOIN hv_offsets o ON {on}
                 WHERE s.kind = 'allreduce' AND {where} GROUP BY s.step, s.name"""
-            try:
-                if accumulate:
-                    self._accumulate(partial, params)
-                    coll = None
-                else:
-                    coll = con.execute(partial, params).df()
-            finally:
-                con.unregister("hv_offsets")
+            if accumulate:
+                self._accumulate(partial, params)
+                coll = None
+            else:
+                coll = con.execute(partial, params).df()
             user_sql = f"""SELECT rank, step, name,
                     sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count,
                     CASE WHEN count(cpu_ns) = count(*) THEN sum(cpu_ns) END::DOUBLE AS cpu_ns,
@@ -242,13 +240,9 @@ class Engine:
                 )
             outside = None
             if rows.attrs.get("has_collectives", True):
-                con.register("hv_offsets", off)
-                try:
-                    outside = con.execute(
-                        OUTSIDE_PARTIAL_SQL.format(table=table, on=on, where=where), params
-                    ).df()
-                finally:
-                    con.unregister("hv_offsets")
+                outside = con.execute(
+                    OUTSIDE_PARTIAL_SQL.format(table=table, on=on, where=where), params
+                ).df()
         finally:
             self._unregister(registered)
         rg_read = sum(s.row_groups_read for s in sources)
@@ -377,17 +371,24 @@ def _nan_floats(col: Any) -> np.ndarray | None:
     return np.asarray(col, dtype=np.float64)
 
 
+def source_offsets(
+    sources: Sequence[RankSource], rank: np.ndarray, local_ns: np.ndarray
+) -> np.ndarray:
+    """The offset (ns) to subtract from each local time ``local_ns`` of rank ``rank`` to move it
+    onto rank 0's clock, by the sources' clock estimates (0 for a rank without one)."""
+    clocks = {int(s.rank): s.clock for s in sources if s.rank is not None and s.clock}
+    off = np.zeros(len(local_ns), np.int64)
+    local_ns = np.asarray(local_ns, dtype=np.int64)
+    for r, est in clocks.items():
+        m = rank == r
+        if m.any():
+            off[m] = offset_at(est, local_ns[m])
+    return off
+
+
 def _align(rows: pd.DataFrame, sources: Sequence[RankSource]) -> pd.DataFrame:
     """Move ``rows``' times onto rank 0's clock in place; return the (rank, step, off_ns) used."""
-    clocks = {int(s.rank): s.clock for s in sources if s.rank is not None and s.clock}
-    off = np.zeros(len(rows), np.int64)
-    if clocks:
-        rank = rows["rank"].to_numpy()
-        start = rows["start_ns"].to_numpy(dtype=np.int64)
-        for r, est in clocks.items():
-            m = rank == r
-            if m.any():
-                off[m] = offset_at(est, start[m])
+    off = source_offsets(sources, rows["rank"].to_numpy(), rows["start_ns"].to_numpy(np.int64))
     if off.any():
         rows["start_ns"] = rows["start_ns"].to_numpy(dtype=np.int64) - off
         rows["end_ns"] = rows["end_ns"].to_numpy(dtype=np.int64) - off

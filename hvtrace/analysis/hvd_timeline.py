@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -190,20 +191,25 @@ def _tensor_key(horovod_name: str) -> str:
     return horovod_name
 
 
-def merge(tl: Timeline, anchors: dict[str, int] | None, rank_starts: pd.DataFrame | None) -> dict:
+def merge(
+    tl: Timeline,
+    anchors: dict[str, int] | None,
+    rank_starts: pd.DataFrame | Callable[[pd.DataFrame], pd.DataFrame] | None,
+) -> dict:
     """Sum the timeline per tensor and compare its readiness with hvtrace's arrival.
 
     ``anchors``: rank 0's header ``mono_anchor_ns`` / ``wall_anchor_ns`` (None: the timeline
     stays on its own clock and is not compared); ``rank_starts``: hvtrace's gradient allreduce
-    enqueues, columns ``rank``, ``name``, ``occ`` (k-th of that tensor on that rank), ``start_ns``
-    (rank 0's clock). Returns the JSON-ready ``horovod_timeline`` section: ``merged``, ``file``,
-    ``events``, ``partial``, ``clock``, ``offset_ns`` (add to a timeline µs × 1000 to get rank
-    0's monotonic ns), ``tensors`` (per tensor: ``name``, ``count``, ``negotiate_ms`` and
-    ``transfer_ms`` medians, ``op_ms``, ``memcpy_ms``, ``last_rank`` and ``last_share`` where
-    Horovod recorded readiness), ``arrival`` (``compared``, ``agree_share``: the share of
-    negotiations whose last rank is hvtrace's last-arriving rank too; ``clear_compared`` and
-    ``clear_agree_share``: the same over those whose enqueues were at least
-    :data:`CLEAR_SPREAD_NS` apart; ``horovod_last`` and
+    enqueues, columns ``rank``, ``name``, ``occ`` (k-th of that tensor on that rank),
+    ``start_ns`` (rank 0's clock), or a function that returns them for the (``name``, ``occ``)
+    pairs it is given (those whose last-ready rank Horovod noted). Returns the JSON-ready
+    ``horovod_timeline`` section: ``merged``, ``file``, ``events``, ``partial``, ``clock``,
+    ``offset_ns`` (add to a timeline µs × 1000 to get rank 0's monotonic ns), ``tensors`` (per
+    tensor: ``name``, ``count``, ``negotiate_ms`` and ``transfer_ms`` medians, ``op_ms``,
+    ``memcpy_ms``, ``last_rank`` and ``last_share`` where Horovod recorded readiness),
+    ``arrival`` (``compared``, ``agree_share``: the share of negotiations whose last rank is
+    hvtrace's last-arriving rank too; ``clear_compared`` and ``clear_agree_share``: the same
+    over those whose enqueues were at least :data:`CLEAR_SPREAD_NS` apart; ``horovod_last`` and
     ``hvtrace_last``: rank -> count) and ``queue_ms`` (median time from rank 0's enqueue to
     Horovod's coordinator seeing it ready).
     """
@@ -235,6 +241,9 @@ def merge(tl: Timeline, anchors: dict[str, int] | None, rank_starts: pd.DataFram
     ready = tl.ready.copy()
     ready["name"] = ready["tensor"].map(_tensor_key)
     last = _last_ready(ready)
+    if callable(rank_starts):
+        wanted = last[["name", "occ"]].drop_duplicates()
+        rank_starts = rank_starts(wanted) if len(wanted) else None
     rows = []
     for name, g in neg.groupby("name", sort=False):
         lr = last[last["name"] == name]
@@ -337,11 +346,7 @@ def run_section(run: Any, sources: list, explicit: str | Path | None = None) -> 
         if h0
         else None
     )
-    last = _last_ready(tl.ready.assign(name=tl.ready["tensor"].map(_tensor_key)))
-    starts = (
-        _hvtrace_starts(sources, last[["name", "occ"]].drop_duplicates()) if len(last) else None
-    )
-    out = merge(tl, anchors, starts)
+    out = merge(tl, anchors, lambda wanted: _hvtrace_starts(sources, wanted))
     out["path"] = str(path)
     return out
 
@@ -349,8 +354,7 @@ def run_section(run: Any, sources: list, explicit: str | Path | None = None) -> 
 def _hvtrace_starts(sources: list, wanted: pd.DataFrame) -> pd.DataFrame:
     """hvtrace's enqueue of the (tensor, occurrence) pairs ``wanted`` on every rank, on rank 0's
     clock (one DuckDB query over the rank files: only those pairs come back)."""
-    from hvtrace.analysis.engine import Engine
-    from hvtrace.clock import offset_at
+    from hvtrace.analysis.engine import Engine, source_offsets
     from hvtrace.load import span_relation
 
     with Engine(threads=1) as eng:
@@ -368,14 +372,8 @@ def _hvtrace_starts(sources: list, wanted: pd.DataFrame) -> pd.DataFrame:
         finally:
             eng.con.unregister("hv_wanted")
             eng._unregister(registered)
-    clocks = {int(s.rank): s.clock for s in sources if s.rank is not None and s.clock}
-    start = df["start_ns"].to_numpy(np.int64).copy()
-    rank = df["rank"].to_numpy()
-    for r, est in clocks.items():
-        m = rank == r
-        if m.any():
-            start[m] -= offset_at(est, start[m])
-    df["start_ns"] = start
+    start = df["start_ns"].to_numpy(np.int64)
+    df["start_ns"] = start - source_offsets(sources, df["rank"].to_numpy(), start)
     return df
 
 

@@ -172,11 +172,11 @@ def _outside_section(a: Analysis, w: int, max_rows: int = 8) -> list[str]:
         last = (
             f"{int(x['late_rank'])} ({_pct(x['late_share'])})" if int(x["late_rank"]) >= 0 else "-"
         )
-        rows.append(
+        rows.append(  # _table makes every cell printable
             [
-                printable(x["op"]),
-                printable(x["name"]) or "-",
-                printable(x["phase"]),
+                str(x["op"]),
+                str(x["name"]) or "-",
+                str(x["phase"]),
                 _num(x["count_per_step"], ".2g"),
                 _num(x["ms_per_step"]),
                 _num(x["blocked_ms_per_step"]),
