@@ -390,3 +390,54 @@ def aligned_activities(path: str | Path, offset_ns: int) -> pd.DataFrame:
             "end_ns": a["end_us"].to_numpy(np.int64) * 1000 + int(offset_ns),
         }
     )
+
+
+@dataclass
+class HorovodTracks:
+    """Horovod's activities laid out as timeline tracks (for the exports, which only draw them):
+    per tensor, in order of its first activity, a track ``horovod <tensor>`` (depth 0: the
+    negotiation and the operation) and a child track ``parts`` (depth 1: fusion copies, the
+    transfer). ``tensors``: the tensor names in that order; per slice ``tensor_idx``, ``depth``,
+    ``activity``, ``start_ns`` and ``end_ns``, sorted by track then time. On one track a slice
+    starts at the previous one's end at the earliest, so none overlap (times before 0 are drawn
+    at 0)."""
+
+    tensors: list[str]
+    tensor_idx: np.ndarray
+    depth: np.ndarray
+    activity: list[str]
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+
+def horovod_tracks(acts: pd.DataFrame, origin_ns: int = 0) -> HorovodTracks:
+    """Lay out :func:`aligned_activities` (times minus ``origin_ns``) as :class:`HorovodTracks`."""
+    if acts is None or acts.empty:
+        z = np.zeros(0, np.int64)
+        return HorovodTracks([], z, z.copy(), [], z.copy(), z.copy())
+    first = acts.groupby("tensor", sort=False)["start_ns"].min().sort_values(kind="stable")
+    tensors = [str(t) for t in first.index]
+    idx = pd.Series(np.arange(len(tensors)), index=first.index)
+    t_idx = idx.loc[acts["tensor"]].to_numpy(np.int64)
+    depth = np.minimum(acts["depth"].to_numpy(np.int64), 1)
+    begin = np.maximum(acts["start_ns"].to_numpy(np.int64) - int(origin_ns), 0)
+    end = np.maximum(acts["end_ns"].to_numpy(np.int64) - int(origin_ns), begin)
+    order = np.lexsort((begin, depth, t_idx))
+    t_idx, depth, begin, end = t_idx[order], depth[order], begin[order], end[order]
+    activity = acts["activity"].astype(str).to_numpy()[order].tolist()
+    # per track, each slice starts at the latest end before it at the earliest
+    track = t_idx * 2 + depth
+    new = np.ones(len(track), bool)
+    new[1:] = track[1:] != track[:-1]
+    prev_end = np.concatenate([[0], end[:-1]])
+    prev_end[new] = 0
+    starts = np.flatnonzero(new)
+    run_max = np.empty_like(prev_end)
+    for a, b in zip(starts.tolist(), np.append(starts[1:], len(track)).tolist()):
+        run_max[a:b] = np.maximum.accumulate(prev_end[a:b])  # one track (a few per tensor)
+    begin = np.maximum(begin, run_max)
+    end = np.maximum(end, begin)
+    return HorovodTracks(tensors, t_idx, depth, activity, begin, end)

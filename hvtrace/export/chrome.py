@@ -23,6 +23,10 @@ Layout
 * Each allreduce collective (same step and tensor on every rank) is linked by flow arrows
   (``"ph": "s"``/``"f"``, ``"bp": "e"``) from the rank that enqueued it first to every other
   rank's span, and every span of it carries the same ``args.collective`` id.
+* Horovod's own timeline, when merged (``horovod``), is drawn under rank 0 as a thread per tensor
+  ``horovod <tensor>`` (negotiation, operation) and ``horovod <tensor> parts`` (fusion copies,
+  the transfer), laid out by :func:`hvtrace.analysis.hvd_timeline.horovod_tracks`, each slice in
+  the part of the step of rank 0 in which it starts.
 
 Large runs are split by step ranges into ``NAME.part000.json``, ``NAME.part001.json``, ... so that
 no file exceeds ``max_events`` events or ``max_bytes`` bytes (uncompressed); every part repeats the
@@ -92,7 +96,7 @@ GROUP_OF_KIND = np.array(
 _K = {k: i for i, k in enumerate(KINDS)}
 
 #: Element types (an element is one event, or an s/f pair of flow events written together).
-_T_X, _T_XAR, _T_SCALAR, _T_RATIO, _T_FLOW = range(5)
+_T_X, _T_XAR, _T_SCALAR, _T_RATIO, _T_FLOW, _T_HVD = range(6)
 
 #: Counter names.
 RATIO_COUNTER = "comm/compute"
@@ -338,6 +342,14 @@ class _Table:
     f_id: np.ndarray
     f_src: np.ndarray
     f_dst: np.ndarray
+    # Horovod's timeline: slices under rank 0
+    h_tid: np.ndarray
+    h_ts: np.ndarray
+    h_dur: np.ndarray
+    h_name: np.ndarray
+    h_tensor: np.ndarray
+    h_names: pa.Array
+    h_tensors: pa.Array
     # elements in output order
     e_type: np.ndarray
     e_idx: np.ndarray
@@ -353,6 +365,7 @@ def _build(
     src: _Source,
     steps: StepRange | None,
     steps_df: pd.DataFrame | None,
+    horovod: pd.DataFrame | None = None,
 ) -> _Table:
     spans = src.spans
     kind_all = spans["kind"].cat.codes.to_numpy()
@@ -449,9 +462,20 @@ def _build(
     r_ts = np.maximum(ratio["start_ns"].to_numpy(np.int64) - t0, 0)
     r_tid = r_rank * stride + int(slot_base[_G_STEP]) + 1
 
+    # ---- Horovod's timeline under rank 0, each slice in rank 0's step in which it starts
+    is_step0 = (kind == _K["step"]) & (rank == 0)
+    hv = _HorovodSlices.of(
+        horovod if 0 in src.ranks else None,
+        t0,
+        tid_base=stride * (max(src.ranks, default=0) + 1),
+        step_start=start[is_step0],
+        step_no=step[is_step0],
+    )
+
     # ---- elements and their order: by step, then unit (a collective's slices and flows stay
     # together, so an oversized step can still be cut between units), then type
     n_x, n_c, n_r, n_f = len(x_kind), int(is_scalar.sum()), len(r_rank), len(f_id)
+    n_h = len(hv.ts)
     n_coll = int(x_coll.max()) + 1 if len(ar) else 0
     e_type = np.concatenate(
         [
@@ -459,21 +483,23 @@ def _build(
             np.full(n_c, _T_SCALAR),
             np.full(n_r, _T_RATIO),
             np.full(n_f, _T_FLOW),
+            np.full(n_h, _T_HVD),
         ]
     ).astype(np.int64)
-    e_idx = np.concatenate([np.arange(n_x), np.arange(n_c), np.arange(n_r), np.arange(n_f)]).astype(
-        np.int64
-    )
-    e_step = np.concatenate(
-        [x_step, step[is_scalar], ratio["step"].to_numpy(np.int64), x_step[f_dst]]
+    e_idx = np.concatenate(
+        [np.arange(n_x), np.arange(n_c), np.arange(n_r), np.arange(n_f), np.arange(n_h)]
     ).astype(np.int64)
-    e_ts = np.concatenate([x_start, start[is_scalar], r_ts, x_start[f_src]])
+    e_step = np.concatenate(
+        [x_step, step[is_scalar], ratio["step"].to_numpy(np.int64), x_step[f_dst], hv.step]
+    ).astype(np.int64)
+    e_ts = np.concatenate([x_start, start[is_scalar], r_ts, x_start[f_src], hv.ts])
     own_unit = n_coll + np.arange(len(e_type), dtype=np.int64)
     e_unit = np.concatenate(
         [
             np.where(x_coll >= 0, x_coll, own_unit[:n_x]),
             own_unit[n_x : n_x + n_c + n_r],
             x_coll[f_dst],
+            own_unit[n_x + n_c + n_r + n_f :],
         ]
     ).astype(np.int64)
     unit_ts = e_ts.copy()
@@ -484,8 +510,10 @@ def _build(
         unit_ts[in_coll] = coll_ts[e_unit[in_coll]]
     order = np.lexsort((e_ts, e_type, e_unit, unit_ts, e_step))
 
-    meta = _metadata(src, stride, slot_base, nsub, x_rank, x_slot)
+    meta = _metadata(src, stride, slot_base, nsub, x_rank, x_slot) + hv.meta
     other = _other_data(src, t0, steps, nsub)
+    if n_h:
+        other["horovod_timeline"] = {"tensors": len(hv.tensors) - 1, "slices": n_h}
     return _Table(
         meta=meta,
         other=other,
@@ -514,11 +542,77 @@ def _build(
         f_id=f_id,
         f_src=f_src,
         f_dst=f_dst,
+        h_tid=hv.tid,
+        h_ts=hv.ts,
+        h_dur=hv.dur,
+        h_name=hv.name,
+        h_tensor=hv.tensor,
+        h_names=hv.names,
+        h_tensors=hv.tensors,
         e_type=e_type[order],
         e_idx=e_idx[order],
         e_step=e_step[order],
         e_unit=e_unit[order],
     )
+
+
+@dataclass
+class _HorovodSlices:
+    """Horovod's timeline as Chrome slices under rank 0 (``pid`` 0), threads from ``tid_base``."""
+
+    tid: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    step: np.ndarray
+    name: np.ndarray  # codes into names
+    tensor: np.ndarray  # codes into tensors
+    names: pa.Array
+    tensors: pa.Array
+    meta: list[dict[str, Any]]
+
+    @classmethod
+    def of(
+        cls,
+        acts: pd.DataFrame | None,
+        t0: int,
+        tid_base: int,
+        step_start: np.ndarray,
+        step_no: np.ndarray,
+    ) -> _HorovodSlices:
+        """``acts``: :func:`~hvtrace.analysis.hvd_timeline.aligned_activities`; ``step_start``,
+        ``step_no``: rank 0's steps (times from ``t0``), to put each slice in a step."""
+        from hvtrace.analysis.hvd_timeline import horovod_tracks
+
+        t = horovod_tracks(acts if acts is not None else pd.DataFrame(), t0)
+        z = np.zeros(0, np.int64)
+        if not len(t):
+            empty = pa.array([], pa.string())
+            return cls(z, z, z, z, z, z, empty, empty, [])
+        tid = tid_base + t.tensor_idx * 2 + t.depth + 1
+        o = np.argsort(step_start, kind="stable")
+        st, no = step_start[o], step_no[o]
+        if len(st):
+            at = np.maximum(np.searchsorted(st, t.start_ns, side="right") - 1, 0)
+            step = no[at].astype(np.int64)
+        else:
+            step = np.zeros(len(t), np.int64)
+        names, name = np.unique(np.asarray(t.activity, object).astype(str), return_inverse=True)
+        meta: list[dict[str, Any]] = []
+        for k in np.unique(tid - tid_base - 1).tolist():
+            label = f"horovod {t.tensors[k // 2]}" + (" parts" if k % 2 else "")
+            meta.append(_m("thread_name", 0, tid_base + k + 1, {"name": label}))
+            meta.append(_m("thread_sort_index", 0, tid_base + k + 1, {"sort_index": 10**6 + k}))
+        return cls(
+            tid=tid,
+            ts=t.start_ns,
+            dur=t.end_ns - t.start_ns,
+            step=step,
+            name=name.astype(np.int64),
+            tensor=t.tensor_idx,
+            names=_json_strings(names.tolist()),
+            tensors=_json_strings(t.tensors),
+            meta=meta,
+        )
 
 
 def check_steps(steps: StepRange | tuple[int, int | None] | None) -> StepRange | None:
@@ -633,6 +727,7 @@ def _batch_strings(t: _Table, lo: int, hi: int) -> pa.Array:
         (_T_SCALAR, _scalar_strings),
         (_T_RATIO, _ratio_strings),
         (_T_FLOW, _flow_strings),
+        (_T_HVD, _hvd_strings),
     ):
         idx = ei[et == typ]
         if len(idx):
@@ -744,6 +839,22 @@ def _flow_strings(t: _Table, i: np.ndarray) -> pa.Array:
     )
 
 
+def _hvd_strings(t: _Table, i: np.ndarray) -> pa.Array:
+    return _join(
+        ',\n{"name":',
+        t.h_names.take(pa.array(t.h_name[i])),
+        ',"cat":"horovod","ph":"X","ts":',
+        *_dec(t.h_ts[i], 3),
+        ',"dur":',
+        *_dec(t.h_dur[i], 3),
+        ',"pid":0,"tid":',
+        _strs(t.h_tid[i]),
+        ',"args":{"tensor":',
+        t.h_tensors.take(pa.array(t.h_tensor[i])),
+        "}}",
+    )
+
+
 def _batches(t: _Table, batch: int = _BATCH) -> Iterator[tuple[int, int]]:
     """Yield element ranges of about ``batch`` elements that start and end at step boundaries.
 
@@ -801,6 +912,7 @@ def chrome_events(
     steps: StepRange | tuple[int, int | None] | None = None,
     steps_df: pd.DataFrame | None = None,
     hosts: dict[int, str] | None = None,
+    horovod: pd.DataFrame | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the trace events of a run (or of a span DataFrame plus ``hosts``) as dicts.
 
@@ -809,9 +921,10 @@ def chrome_events(
     ``steps``: a :class:`~hvtrace.selection.StepRange`, or ``(first, stop)``, keeps steps
     ``first..stop-1`` (``stop`` None: to the end);
     ``steps_df`` (columns ``rank``, ``step``, ``start_ns``, ``comm_compute_ratio``) replaces the
-    built-in :func:`comm_compute_ratio`.
+    built-in :func:`comm_compute_ratio`; ``horovod``: Horovod's timeline on rank 0's clock
+    (:func:`hvtrace.analysis.hvd_timeline.aligned_activities`), drawn under rank 0.
     """
-    t = _build(_source(run_or_spans, hosts), check_steps(steps), steps_df)
+    t = _build(_source(run_or_spans, hosts), check_steps(steps), steps_df, horovod)
     yield from (dict(m) for m in t.meta)
     for lo, hi in _batches(t):
         arr = _batch_strings(t, lo, hi)
@@ -828,6 +941,7 @@ def write_chrome_trace(
     max_bytes: int = 256 * 2**20,
     hosts: dict[int, str] | None = None,
     inputs: Iterable[str | os.PathLike] = (),
+    horovod: pd.DataFrame | None = None,
 ) -> list[Path]:
     """Write the merged timeline of ``run`` as Chrome trace JSON; return the files written.
 
@@ -835,7 +949,8 @@ def write_chrome_trace(
     at most ``max_events`` events and ``max_bytes`` bytes (uncompressed JSON), the run is split
     by step ranges into ``NAME.part000.json``, ``NAME.part001.json``, ... (``out_path`` itself is
     then not written), each with all process and thread metadata. A single step larger than one
-    file is cut between collectives. ``steps`` and ``steps_df``: see :func:`chrome_events`.
+    file is cut between collectives. ``steps``, ``steps_df`` and ``horovod``: see
+    :func:`chrome_events`.
     Raises :class:`~hvtrace.load.TraceError` when there is nothing to export.
 
     Files are written as :func:`hvtrace.export.output.open_output` writes: each part to an
@@ -847,7 +962,7 @@ def write_chrome_trace(
     kind = check_output(out, inputs)
     if kind != "stream":
         make_output_dir(out.parent)
-    t = _build(_source(run, hosts), check_steps(steps), steps_df)
+    t = _build(_source(run, hosts), check_steps(steps), steps_df, horovod)
     writer = _PartWriter(out, t, max_events, max_bytes, stream=kind == "stream", inputs=inputs)
     try:
         for (lo, hi), arr in _strings_in_order(t):

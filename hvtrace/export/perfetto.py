@@ -641,36 +641,35 @@ def _ratio_rows(
 
 
 def _write_horovod(w: _Writer, parent: int, acts: pd.DataFrame, result: PerfettoResult) -> None:
-    """Horovod's timeline under rank 0: per tensor a track ``horovod <tensor>`` (depth 0: the
-    negotiation and the operation) and its child ``parts`` (depth 1: fusion copies, the
-    transfer). Slices of one track are drawn in time order, each from the previous one's end
-    at the earliest (so none overlap)."""
-    first = acts.groupby("tensor")["start_ns"].min().sort_values()
+    """Horovod's timeline under rank 0, laid out by
+    :func:`hvtrace.analysis.hvd_timeline.horovod_tracks`: per tensor a track
+    ``horovod <tensor>`` and its child ``parts``."""
+    from hvtrace.analysis.hvd_timeline import horovod_tracks
+
+    t = horovod_tracks(acts)
     seq = META_SEQUENCE + 1
-    for i, tensor in enumerate(first.index):
-        tu = w.uuid()
-        w.write(track_descriptor(tu, f"horovod {tensor}", parent, order=1_000_000 + i,
-                                 explicit_children=True))  # fmt: skip
-        mine = acts[acts["tensor"] == tensor]
-        for depth, name, uuid in ((0, None, tu), (1, "parts", None)):
-            part = mine[mine["depth"] == depth].sort_values("start_ns")
-            if part.empty:
-                continue
-            if uuid is None:
-                uuid = w.uuid()
-                w.write(track_descriptor(uuid, str(name), tu, order=0))
-            begin = np.maximum(part["start_ns"].to_numpy(np.int64), 0)
-            end = np.maximum(part["end_ns"].to_numpy(np.int64), begin)
-            prev_end = np.maximum.accumulate(np.concatenate([[0], end[:-1]]))
-            begin = np.maximum(begin, prev_end)
-            end = np.maximum(end, begin)
-            labels = part["activity"].astype(str)
-            names = sorted(set(labels))
-            iid = {n: k + 1 for k, n in enumerate(names)}
-            w.write(sequence_start(seq, uuid, [(iid[n], n) for n in names]))
-            codes = np.array([iid[n] for n in labels], np.int64)
-            w.write(encode_slices(seq, begin, end, codes))
-            result.slices += len(part)
+    activity = np.asarray(t.activity, object)
+    bounds = np.flatnonzero(np.diff(t.tensor_idx * 2 + t.depth)) + 1
+    tensor_uuid: dict[int, int] = {}
+    for a, b in zip(np.concatenate([[0], bounds]).tolist(), np.append(bounds, len(t)).tolist()):
+        if a == b:
+            continue
+        i, depth = int(t.tensor_idx[a]), int(t.depth[a])
+        if i not in tensor_uuid:
+            tensor_uuid[i] = w.uuid()
+            w.write(track_descriptor(tensor_uuid[i], f"horovod {t.tensors[i]}", parent,
+                                     order=1_000_000 + i, explicit_children=True))  # fmt: skip
+        uuid = tensor_uuid[i]
+        if depth:
+            uuid = w.uuid()
+            w.write(track_descriptor(uuid, "parts", tensor_uuid[i], order=0))
+        labels = activity[a:b]
+        names = sorted(set(labels))
+        iid = {n: k + 1 for k, n in enumerate(names)}
+        w.write(sequence_start(seq, uuid, [(iid[n], n) for n in names]))
+        codes = np.array([iid[n] for n in labels], np.int64)
+        w.write(encode_slices(seq, t.start_ns[a:b], t.end_ns[a:b], codes))
+        result.slices += b - a
 
 
 def _write_tree(w: _Writer, run: Run, hosts: dict[int, str]) -> dict[int, int]:

@@ -829,18 +829,16 @@ def write_timeline(
         from hvtrace.export.perfetto import is_perfetto_path, write_perfetto_trace
     except ImportError as exc:
         raise TraceError(f"cannot write the timeline: {exc}") from None
+    horovod = _horovod_acts(a, steps)
     try:
         if is_perfetto_path(path):
             res = write_perfetto_trace(
-                run,
-                path,
-                steps=steps,
-                steps_df=a.steps,
-                inputs=inputs,
-                horovod=_horovod_acts(a, steps),
+                run, path, steps=steps, steps_df=a.steps, inputs=inputs, horovod=horovod
             )
             return f"timeline: {res.path} (open in https://ui.perfetto.dev)"
-        files = write_chrome_trace(run, path, steps=steps, steps_df=a.steps, inputs=inputs)
+        files = write_chrome_trace(
+            run, path, steps=steps, steps_df=a.steps, inputs=inputs, horovod=horovod
+        )
     except ValueError as exc:
         raise TraceError(f"{path}: {exc}") from None
     except OSError as exc:

@@ -7,6 +7,7 @@ the first of each tensor), which the test compares with hvtrace's own arrival.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -58,6 +59,16 @@ def test_horovod_timeline_is_merged_with_negotiation_transfer_and_arrival(tmp_pa
     write_timeline(run, a, str(pf), None)
     tracks = _track_names(pf)
     assert "horovod allreduce.net.0.weight" in tracks and "parts" in tracks, tracks
+    # ... and the Chrome JSON one: the same tracks as threads of rank 0, every transfer drawn
+    cj = tmp_path / "t.json.gz"
+    write_timeline(run, a, str(cj), None)
+    ev = json.loads(gzip.decompress(cj.read_bytes()))["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    w = "horovod allreduce.net.0.weight"
+    assert {w, f"{w} parts"} <= set(threads.values()), threads
+    transfers = [e for e in ev if e.get("cat") == "horovod" and e["name"] == "GLOO_ALLREDUCE"]
+    assert len([e for e in transfers if threads[e["tid"]] == f"{w} parts"]) >= 30
+    assert all(e["pid"] == 0 for e in transfers)
 
     # a killed job's timeline has no closing bracket: what was written is still merged
     cut = tmp_path / "cut.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 
 from hvtrace.analysis.hvd_timeline import (
     TimelineError,
+    aligned_activities,
     find_timeline,
+    horovod_tracks,
     merge,
     read_timeline,
 )
@@ -132,3 +135,89 @@ def test_the_run_directory_timeline_is_found_without_following_links(tmp_path: P
     (run / "link.json").symlink_to(tmp_path / "elsewhere.json")
     _write(tmp_path / "elsewhere.json", _events(n_occ=1))
     assert find_timeline(run, "R1") is None
+
+
+def _rank0_steps(n: int, step_ns: int = 100_000_000, t0: int = 5_000_000_000) -> pd.DataFrame:
+    """Rank 0's and rank 1's step spans: step k runs from ``t0 + k * step_ns``."""
+    rows = [
+        (r, k, "step", t0 + k * step_ns, t0 + (k + 1) * step_ns - 1)
+        for r in (0, 1)
+        for k in range(n)
+    ]
+    return pd.DataFrame(rows, columns=["rank", "step", "kind", "start_ns", "end_ns"])
+
+
+def test_the_tracks_of_a_tensor_never_overlap_and_keep_their_order() -> None:
+    acts = pd.DataFrame(
+        {
+            "tensor": ["b", "a", "a", "a", "b"],
+            "depth": [0, 0, 0, 1, 0],
+            "activity": ["X", "NEGOTIATE", "ALLREDUCE", "GLOO", "Y"],
+            "start_ns": [50, 10, 30, 35, 40],
+            "end_ns": [60, 32, 45, 38, 70],  # a's negotiation ends after its allreduce starts
+        }
+    )
+    t = horovod_tracks(acts, origin_ns=20)
+    assert t.tensors == ["a", "b"]  # by first activity
+    assert t.tensor_idx.tolist() == [0, 0, 0, 1, 1] and t.depth.tolist() == [0, 0, 1, 0, 0]
+    assert t.activity == ["NEGOTIATE", "ALLREDUCE", "GLOO", "Y", "X"]
+    # before the origin: drawn at 0; the allreduce starts where the negotiation ended; X lies
+    # inside Y: drawn at Y's end, empty
+    assert t.start_ns.tolist() == [0, 12, 15, 20, 50]
+    assert t.end_ns.tolist() == [12, 25, 18, 50, 50]
+
+
+def test_the_chrome_timeline_draws_horovod_tracks_under_rank_0(tmp_path: Path) -> None:
+    from hvtrace.export.chrome import chrome_events, write_chrome_trace
+
+    evil = 'w"</script>\x1b[31m'
+    ev = _events(n_occ=3)
+    ev[1]["args"]["name"] = evil  # a hostile tensor name stays a string, escaped
+    tl = _write(tmp_path / "t.json", ev)
+    t0 = 5_000_000_000
+    acts = aligned_activities(tl, t0)  # occurrence k at k * 100 ms: inside step k
+    spans = _rank0_steps(3, t0=t0)
+    events = list(chrome_events(spans, hosts={0: "h", 1: "h"}, horovod=acts))
+    threads = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 0
+    }
+    names = set(threads.values())
+    assert {f"horovod {evil}", f"horovod {evil} parts"} <= names, names
+    assert {"horovod allreduce.net.0.bias", "horovod allreduce.net.0.bias parts"} <= names
+    hv = [e for e in events if e.get("cat") == "horovod"]
+    assert len(hv) == len(acts) == 3 * 2 * 4
+    assert all(e["pid"] == 0 and e["tid"] in threads for e in hv)
+    gloo = sorted(
+        (e for e in hv if e["name"] == "GLOO_ALLREDUCE" and e["args"]["tensor"] == evil),
+        key=lambda e: e["ts"],
+    )
+    # occurrence k's transfer: 20.2 ms .. 22.2 ms after step k's start, 2 ms long
+    assert [round(e["ts"] - 100_000 * k) for k, e in enumerate(gloo)] == [20_210] * 3
+    assert all(e["dur"] == pytest.approx(2000.0) for e in gloo)
+    part = {e["tid"]: threads[e["tid"]] for e in gloo}
+    assert set(part.values()) == {f"horovod {evil} parts"}
+    for tid in threads:  # one track's slices never overlap (Chrome nests slices on a thread)
+        mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in hv if e["tid"] == tid)
+        assert all(b[0] >= a[1] - 1e-3 for a, b in itertools.pairwise(mine)), mine
+
+    # split by steps: each part holds its steps' Horovod slices, with every track named
+    out = tmp_path / "tl.json"
+    n_meta = sum(e["ph"] == "M" for e in events)
+    files = write_chrome_trace(
+        spans, out, max_events=n_meta + 12, hosts={0: "h", 1: "h"}, horovod=acts
+    )
+    assert len(files) == 3  # a step and its 8 Horovod slices per part
+    seen = 0
+    for f in files:
+        d = json.loads(f.read_text())
+        lo, hi = d["otherData"]["steps"]
+        got = [e for e in d["traceEvents"] if e.get("cat") == "horovod"]
+        seen += len(got)
+        for e in got:  # occurrence k lies in step k
+            assert lo <= int(e["ts"] // 100_000) <= hi, (e, lo, hi)
+    assert seen == len(acts)
+    # without rank 0 in the timeline there is nowhere to draw them
+    only1 = spans[spans["rank"] == 1]
+    assert not [e for e in chrome_events(only1, horovod=acts) if e.get("cat") == "horovod"]
