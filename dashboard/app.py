@@ -30,7 +30,7 @@ from dash import Dash
 from hvtrace_dashboard import callbacks, figures
 from hvtrace_dashboard.layout import INDEX_STRING, WINDOW_SIZES, build_layout
 
-from hvtrace.load import Run, TraceError, open_run, span_sources
+from hvtrace.load import Run, TraceError, span_sources
 from hvtrace.schema import TRACE_SUFFIXES
 from hvtrace.selection import StepRange
 from hvtrace.units import printable
@@ -438,11 +438,28 @@ def _fmt(x: Any, unit: str = "", spec: str = ".1f") -> str:
     return f"{x:{spec}}{unit}"
 
 
+def _data_of(look: Any, follower: Any) -> DashboardData | None:
+    """The page's data of a look at a followed run; None when it has no complete step yet."""
+    try:
+        a = follower.analyze(look)
+    except TraceError:
+        if look.live:
+            return None
+        raise
+    data = DashboardData.from_analysis(look.run, a)
+    if not any(np.isfinite(h.to_numpy()).any() for h in data.heat.values()):
+        return None
+    return data
+
+
 class _PageDash(Dash):
     """Dash, with the layout's JSON made once: the page's layout is built at start and never
-    changes (each figure's arrays are encoded once, not on every page load)."""
+    changes (each figure's arrays are encoded once, not on every page load). For a live run
+    (``live_feed``) the layout is built again, once, after each refresh, when a page asks."""
 
     _layout_json: str | None = None
+    live_feed: Any = None
+    _layout_version: int = 0
 
     def encode_layout(self) -> None:
         """Encode the layout now (``create_app`` does: the first page load does not wait)."""
@@ -451,27 +468,23 @@ class _PageDash(Dash):
         self._layout_json = to_json_plotly(self.get_layout())
 
     def serve_layout(self) -> Any:
-        """Return the layout as JSON (encoded once)."""
+        """Return the layout as JSON (encoded once per version of the data)."""
+        feed = self.live_feed
+        if feed is not None and feed.version != self._layout_version:
+            status, data = feed.snapshot()
+            self.layout = page_layout(data, status)
+            self._layout_version = status["version"]
+            self._layout_json = None
         if self._layout_json is None:
             self.encode_layout()
         return self.backend.make_response(self._layout_json, mimetype="application/json")
 
 
-def create_app(run: Run, data: DashboardData | None = None) -> Dash:
-    """Return the Dash app showing ``run`` (analyzed now unless ``data`` is given)."""
-    if data is None:
-        data = DashboardData.from_run(run)
-    app = _PageDash(
-        __name__,
-        title=f"hvtrace · {html.escape(data.run_id)}",  # Dash puts the title in raw HTML
-        update_title=None,
-        serve_locally=True,
-        assets_ignore=".*",
-    )
-    app.index_string = INDEX_STRING
-    _serve_partial_plotly(app)
+def page_layout(data: DashboardData, live: dict[str, Any] | None = None) -> Any:
+    """The page of ``data`` with its first figures (every heat-map metric made ahead, so a switch
+    costs no binning); ``live``: :meth:`hvtrace_dashboard.live.LiveFeed.status` of a live run."""
     built = {k: b() for k, b in data.figure_builders().items()}
-    for metric in data.heat:  # the other metrics too: a switch then costs no binning
+    for metric in data.heat:
         data.heatmap(metric)
     initial = {
         "metric": next(iter(data.heat), ""),
@@ -484,8 +497,42 @@ def create_app(run: Run, data: DashboardData | None = None) -> Dash:
         "size": data.initial_size(),
         "focus": data.focus_step,
     }
-    app.layout = build_layout(data, initial)
-    callbacks.register(app, data)
+    if live is not None:
+        from hvtrace_dashboard.live import REFRESH_MS
+
+        live = dict(live, refresh_ms=REFRESH_MS)
+        # a live page opens on the latest steps (the slowest step may be long past)
+        initial["start"] = max(0, data.last_step - initial["size"] + 1)
+        initial["focus"] = None
+        initial["timeline"] = data.timeline(initial["start"], initial["size"], None, None)
+    return build_layout(data, initial, live)
+
+
+def create_app(run: Run, data: DashboardData | None = None, feed: Any = None) -> Dash:
+    """Return the Dash app showing ``run`` (analyzed now unless ``data`` is given); ``feed``: a
+    :class:`hvtrace_dashboard.live.LiveFeed` for a run still being written (its data is shown,
+    and the page follows it)."""
+    if feed is not None:
+        data = feed.data
+    if data is None:
+        data = DashboardData.from_run(run)
+    app = _PageDash(
+        __name__,
+        title=f"hvtrace · {html.escape(data.run_id)}",  # Dash puts the title in raw HTML
+        update_title=None,
+        serve_locally=True,
+        assets_ignore=".*",
+    )
+    app.index_string = INDEX_STRING
+    _serve_partial_plotly(app)
+    if feed is not None:
+        status = feed.status()
+        app.layout = page_layout(data, status)
+        app.live_feed, app._layout_version = feed, status["version"]
+        callbacks.register(app, lambda: feed.data, feed)
+    else:
+        app.layout = page_layout(data)
+        callbacks.register(app, lambda: data)
     app.encode_layout()
     app.hvtrace_data = data  # for tests and the benchmark
     return app
@@ -598,7 +645,10 @@ def serve(
 ) -> int:
     """Open and analyze the run (no ``run_dir``: the built-in sample), then serve it until
     Ctrl-C. The run is analyzed on the engine (its spans are never loaded as one table), so a run
-    of any size opens. Errors in the input or the address raise :class:`TraceError` (one line).
+    of any size opens. A run still being written (a rank's stream open and growing) is followed:
+    the page refreshes as the files grow (:mod:`hvtrace_dashboard.live`); with no complete step
+    yet, the command waits for the first one. Errors in the input or the address raise
+    :class:`TraceError` (one line).
     """
     run_dir = Path(run_dir) if run_dir else sample_run_dir()
     if not run_dir.exists():
@@ -607,19 +657,43 @@ def serve(
         raise TraceError(f"--port {port} is not a port number")
     _check_can_listen(host, port)
     t0 = time.perf_counter()
-    run = open_run(run_dir, run_id=run_id)
+    from hvtrace_dashboard.live import POLL_S, LiveFeed
+
+    from hvtrace.follow import RunFollower
+
+    follower = RunFollower(run_dir, run_id=run_id)
+    look = follower.look()
+    run = look.run
     spans = sum(int(f.n_spans) for f in run.files.values())
     print(
         printable(
             f"hvtrace dashboard: analyzing run {run.run_id} ({len(run.ranks)} rank(s), "
-            f"{spans:,} spans) ..."
+            f"{spans:,} spans{', live' if look.live else ''}) ..."
         ),
         flush=True,
     )
-    data = DashboardData.from_run(run)
-    if not any(np.isfinite(h.to_numpy()).any() for h in data.heat.values()):
+    for msg in look.problems:
+        log.warning("%s", msg)
+    while True:
+        data = _data_of(look, follower)
+        if data is not None or not look.live:
+            break
+        print(
+            "hvtrace dashboard: the run is live but has no complete step yet; waiting", flush=True
+        )
+        time.sleep(POLL_S)
+        look = follower.look()
+    if data is None:
         raise TraceError(f"{run_dir}: the run has no completed step to show")
-    app = create_app(run, data=data)
+    feed = None
+    if look.live:
+        feed = LiveFeed(
+            follower, data, look, make=lambda lk, a: DashboardData.from_analysis(lk.run, a)
+        )
+        feed.start()
+    else:
+        follower.close()
+    app = create_app(run, data=data, feed=feed)
     log.info("analysis and first figures: %.2f s", time.perf_counter() - t0)
     url = f"http://{host}:{port}/"
     print(

@@ -38,6 +38,8 @@ body { margin: 0; background: #f5f6f8; color: #1d2330;
 .hv-findings { margin: 4px 0; padding-left: 20px; }
 .hv-findings li { margin: 2px 0; }
 .hv-problems { color: #8a5a00; font-size: 12px; }
+.hv-live { font-size: 13px; font-weight: 600; color: #5b6473; }
+.hv-live.on { color: #1a7f37; }
 .hv-controls { display: flex; gap: 14px; align-items: center; flex-wrap: wrap; margin: 4px 0; }
 .hv-controls label { font-size: 12px; color: #5b6473; }
 .hv-row { display: flex; gap: 10px; flex-wrap: wrap; }
@@ -105,30 +107,64 @@ def _card(key: str, value: str, bad: bool = False, card_id: str | None = None) -
     )
 
 
-def header(data: DashboardData) -> html.Div:
-    """Return the header: run id, summary cards, findings and loading problems."""
+def summary_cards(data: DashboardData) -> list[html.Div]:
+    """Return the header's cards (ranks, steps, median step, ..., stragglers)."""
     s = data.summary
-    cards = [_card(k, v, bad=(k == "stragglers" and v not in ("0", "—"))) for k, v in s.items()]
-    findings = data.findings or ["no findings"]
+    return [_card(k, v, bad=(k == "stragglers" and v not in ("0", "—"))) for k, v in s.items()]
+
+
+def finding_items(data: DashboardData) -> list[html.Li]:
+    """Return the findings as list items."""
+    return [html.Li(f) for f in data.findings or ["no findings"]]
+
+
+def live_parts(live: dict[str, Any] | None) -> list[Any]:
+    """The live line and its timer (a run still being written), or nothing.
+
+    ``live``: :meth:`hvtrace_dashboard.live.LiveFeed.status` plus ``refresh_ms``."""
+    if live is None:
+        return []
+    return [
+        html.Span(
+            live["text"], id="live-status", className="hv-live on" if live["live"] else "hv-live"
+        ),
+        dcc.Interval(
+            id="live-tick", interval=int(live["refresh_ms"]), disabled=not live["following"]
+        ),
+        dcc.Store(id="live-version", data={"version": live["version"], "last": live["last_step"]}),
+    ]
+
+
+def header(data: DashboardData, live: dict[str, Any] | None = None) -> html.Div:
+    """Return the header: run id (and whether the run is live), summary cards, findings and
+    loading problems."""
     children: list[Any] = [
         html.Div(
             [
                 html.H1("hvtrace dashboard"),
                 html.Span(f"run {data.run_id} · {data.run_dir}", className="hv-sub"),
+                *live_parts(live),
             ],
             className="hv-title",
         ),
-        html.Div(cards, className="hv-cards", id="summary-cards"),
+        html.Div(summary_cards(data), className="hv-cards", id="summary-cards"),
         html.Div(
             [
                 html.H2("Findings"),
-                html.Ul([html.Li(f) for f in findings], className="hv-findings", id="findings"),
+                html.Ul(finding_items(data), className="hv-findings", id="findings"),
             ],
             className="hv-panel",
         ),
+        html.Div(header_notes(data), id="header-notes"),
     ]
+    return html.Div(children, id="header")
+
+
+def header_notes(data: DashboardData) -> list[Any]:
+    """Return the header's notes: loading problems, clocks and analyzed steps, hosts."""
+    notes: list[Any] = []
     if data.problems:
-        children.append(
+        notes.append(
             html.Details(
                 [
                     html.Summary(f"{len(data.problems)} problem(s) while loading the run"),
@@ -138,10 +174,10 @@ def header(data: DashboardData) -> html.Div:
             )
         )
     if data.clock_note:
-        children.append(html.Div(data.clock_note, className="hv-sub"))
+        notes.append(html.Div(data.clock_note, className="hv-sub"))
     if data.hosts:
-        children.append(html.Div(hosts_line(data.hosts), className="hv-sub", id="hosts"))
-    return html.Div(children, id="header")
+        notes.append(html.Div(hosts_line(data.hosts), className="hv-sub", id="hosts"))
+    return notes
 
 
 def hosts_line(hosts: dict[int, str], limit: int = 8) -> str:
@@ -179,14 +215,17 @@ def straggler_table(table: pd.DataFrame | None, hosts: dict[int, str]) -> html.D
     )
 
 
-def build_layout(data: DashboardData, initial: dict[str, Any]) -> html.Div:
-    """Return the page for ``data``; ``initial`` holds the first figures and control values."""
+def build_layout(
+    data: DashboardData, initial: dict[str, Any], live: dict[str, Any] | None = None
+) -> html.Div:
+    """Return the page for ``data``; ``initial`` holds the first figures and control values;
+    ``live`` the live line of a run still being written (see :func:`live_parts`)."""
     last = max(data.last_step, 0)
     metric_opts = [{"label": v, "value": k} for k, v in data.heat_labels.items()]
     rank_opts = [{"label": lab, "value": r} for r, lab in zip(data.ranks, data.rank_names)]
     return html.Div(
         [
-            header(data),
+            header(data, live),
             html.Div(
                 [
                     html.Div(
@@ -254,7 +293,10 @@ def build_layout(data: DashboardData, initial: dict[str, Any]) -> html.Div:
                 className="hv-panel",
             ),
             html.Div(
-                [html.H2("Stragglers"), straggler_table(data.stragglers, data.hosts)],
+                [
+                    html.H2("Stragglers"),
+                    html.Div(straggler_table(data.stragglers, data.hosts), id="straggler-panel"),
+                ],
                 className="hv-panel",
             ),
             html.Div(

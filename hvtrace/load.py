@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
+from hvtrace.record.elastic import merge_membership
 from hvtrace.record.live import merge_live
 from hvtrace.record.netstat import merge_connections
 from hvtrace.record.stall import merge_stalls
@@ -90,6 +91,9 @@ class RankFile:
     stalls: list[dict[str, Any]] = field(default_factory=list)
     #: Live straggler verdicts (rank 0's file; :mod:`hvtrace.record.live`).
     live: list[dict[str, Any]] = field(default_factory=list)
+    #: Membership records of an Elastic Horovod job, after the header's first one
+    #: (:mod:`hvtrace.record.elastic`), unchecked (:mod:`hvtrace.analysis.membership` checks).
+    membership: list[dict[str, Any]] = field(default_factory=list)
     #: Barrier-round estimates as recorded (kept as a check when ``same_clock`` made them moot).
     clock_measured: list[ClockEstimate] = field(default_factory=list)
     #: True when this rank ran on rank 0's kernel (same boot id): one clock, offset exactly 0.
@@ -317,6 +321,10 @@ class Run:
         self.files = files
         self.problems: list[str] = problems if problems is not None else []
         self.selected_ranks = selected_ranks
+        #: True while the run is being written (opened with ``open_run(live=True)``, or a
+        #: :class:`hvtrace.follow.RunFollower` saw its open files grow): a rank whose file is
+        #: still open has not stopped.
+        self.live = False
         if spans is not None:
             self.__dict__["spans"] = spans
 
@@ -673,6 +681,25 @@ def message_claims(metadata: bytes, body: Any) -> tuple[int, int] | None:
     return rows, total
 
 
+def implausible(metadata: Any, body: Any, is_batch: bool, n: int) -> str:
+    """Why IPC message ``n`` (counted after the schema) may not be expanded
+    (:data:`MAX_EXPANSION`), or "" when it may."""
+    size = body.size if body is not None else 0
+    try:
+        claims = message_claims(metadata, body)
+    except ValueError as exc:
+        return f"message {n} after the schema: {exc}"
+    if claims is not None:
+        rows, nbytes = claims
+        if nbytes > max(MIN_REFUSED_BYTES, MAX_EXPANSION * size):
+            what = "batch" if is_batch else "dictionary"
+            return (
+                f"a {what} of {size:,} bytes claims {rows:,} rows in {nbytes:,} bytes "
+                f"(over {MAX_EXPANSION}x): not expanded"
+            )
+    return ""
+
+
 def plausible_batches(path: str | os.PathLike) -> tuple[int | None, str]:
     """How many record batches of the stream at ``path`` may be expanded: ``(None, "")`` for all,
     or ``(n, why)`` when batch ``n`` (0-based) or a dictionary before it claims more than the
@@ -695,20 +722,9 @@ def plausible_batches(path: str | os.PathLike) -> tuple[int | None, str]:
                 return None, ""
             except (pa.ArrowException, OSError, ValueError):
                 return None, ""
-            body = msg.body
-            size = body.size if body is not None else 0
-            try:
-                claims = message_claims(msg.metadata, body)
-            except ValueError as exc:
-                return batches, f"message {batches + 1} after the schema: {exc}"
-            if claims is not None:
-                rows, nbytes = claims
-                if nbytes > max(MIN_REFUSED_BYTES, MAX_EXPANSION * size):
-                    what = "batch" if msg.type == "record batch" else "dictionary"
-                    return batches, (
-                        f"a {what} of {size:,} bytes claims {rows:,} rows in {nbytes:,} bytes "
-                        f"(over {MAX_EXPANSION}x): not expanded"
-                    )
+            why = implausible(msg.metadata, msg.body, msg.type == "record batch", batches + 1)
+            if why:
+                return batches, why
             if msg.type == "record batch":
                 batches += 1
 
@@ -850,6 +866,8 @@ def _apply_status(rf: RankFile, st: dict[str, Any]) -> None:
             rf.stalls = merge_stalls(rf.stalls, st["stall"])
         if "live" in st:
             rf.live = merge_live(rf.live, st["live"])
+        if "membership" in st:
+            rf.membership = merge_membership(rf.membership, st["membership"])
     except (ValueError, TypeError, KeyError, AttributeError):
         pass  # a damaged status does not make the spans unusable
 
@@ -1046,6 +1064,8 @@ def open_run(
     ranks: frozenset[int] | None = None,
     progress: Callable[[Iterable[Path]], Iterable[Path]] | None = None,
     read_spans: bool = False,
+    read_stream: Callable[[Path], RankFile] | None = None,
+    live: bool = False,
 ) -> Run:
     """Open a run directory: every rank's header, status and clock alignment, no span table.
 
@@ -1057,7 +1077,11 @@ def open_run(
     Parquet files' spans only with ``read_spans`` (else when ``Run.spans`` is first used).
     A rank with both a ``.parquet`` and an ``.arrows`` of the same name (an interrupted
     compaction) is read from the Parquet file. ``progress`` wraps the file iteration (for a
-    progress bar). Raises :class:`TraceError` when no usable rank file remains.
+    progress bar). ``read_stream(path)`` reads an ``.arrows`` stream instead of
+    :func:`read_rank_file` (:class:`hvtrace.follow.RunFollower` reads only what was appended since
+    its last call); ``live``: the run is being written, so a stream not yet closed is no problem
+    and problems are not logged (the caller shows them). Raises :class:`TraceError` when no
+    usable rank file remains.
     """
     paths = find_trace_files(run_dir)
     selected = None if ranks is None else frozenset(int(r) for r in ranks)
@@ -1111,7 +1135,10 @@ def open_run(
     claims = Counter(int(headers[p]["size"]) for p in chosen)
     size = min(claims, key=lambda n: (-claims[n], n))
     size = max(size, 1 + max(int(headers[p]["rank"]) for p in chosen))
-    if len(claims) > 1:
+    # an elastic job's workers that joined later count every worker before them: the most
+    if any(_membership_gen(headers[p]) > 0 for p in chosen):
+        size = max(max(claims), size)
+    elif len(claims) > 1:
         problems.append(
             f"{run_dir}: files of run {run_id} disagree on size {sorted(claims)}; using {size}"
         )
@@ -1119,28 +1146,19 @@ def open_run(
     iterable = progress(chosen) if progress else chosen
     for p in iterable:
         try:
-            rf = opened.pop(p) if p in opened else read_rank_file(p, read_spans=read_spans)
+            if p in opened:
+                rf = opened.pop(p)
+            elif read_stream is not None:
+                rf = read_stream(p)
+            else:
+                rf = read_rank_file(p, read_spans=read_spans)
         except TraceError as exc:
             problems.append(str(exc))
             continue
         if rf.refused:
             problems.append(_problem(p, f"{rf.refused}; {rf.spans} spans kept before it"))
-        elif rf.truncated:
-            problems.append(
-                _problem(
-                    p,
-                    f"truncated after {rf.spans} spans; the rest was lost "
-                    "(rank crashed or file damaged)",
-                )
-            )
-        elif not rf.complete:
-            problems.append(
-                _problem(
-                    p,
-                    f"not closed cleanly (rank {rf.rank} stopped at step "
-                    f"{rf.last_step}); {rf.spans} spans kept",
-                )
-            )
+        elif rf.truncated or (not rf.complete and not live):
+            problems.append(unclosed_problem(rf))
         if rf.dropped:
             problems.append(
                 _problem(p, f"the recorder dropped {rf.dropped} spans (the writer fell behind)")
@@ -1179,9 +1197,34 @@ def open_run(
                 f"{format_ranks(outside)} do not exist"
             )
     problems += _choose_clocks(files, _reference_clock_id(run_dir, run_id, files))
-    for msg in problems:
+    for msg in problems if not live else []:
         log.warning("%s", msg)
-    return Run(Path(run_dir), run_id, size, files, None, problems, selected)
+    run = Run(Path(run_dir), run_id, size, files, None, problems, selected)
+    run.live = live
+    return run
+
+
+def _membership_gen(header: dict[str, Any]) -> int:
+    """The elastic membership generation a file started in (0: at the start, or not elastic)."""
+    m = header.get("membership")
+    try:
+        return int(m.get("gen", 0)) if isinstance(m, dict) else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def unclosed_problem(rf: RankFile) -> str:
+    """The problem reported for a stream its rank never closed (cut inside a batch, or not)."""
+    if rf.truncated:
+        return _problem(
+            rf.path,
+            f"truncated after {rf.spans} spans; the rest was lost (rank crashed or file damaged)",
+        )
+    return _problem(
+        rf.path,
+        f"not closed cleanly (rank {rf.rank} stopped at step {rf.last_step}); "
+        f"{rf.spans} spans kept",
+    )
 
 
 def _clock_id(header: dict[str, Any]) -> tuple[Any, Any]:

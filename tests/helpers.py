@@ -16,9 +16,11 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -346,3 +348,50 @@ def headless_chromium(profile: Path, window_size: str = "1400,1000") -> Iterator
     finally:
         drv.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+# -- the dashboard in a subprocess ----------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_dashboard(run_dir: Path, log: Path, poll_s: float = 0.5) -> Iterator[str]:
+    """Serve ``hvtrace dashboard RUN_DIR`` in a subprocess (output to ``log``); yield its URL once
+    it answers, fail the test if it exits or does not answer in 180 s; stop it on exit."""
+    port = free_port()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run_dir), "--port", str(port)],
+            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"hvtrace dashboard exited {proc.returncode}:\n{log.read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"hvtrace dashboard did not serve {url} in 180 s:\n{log.read_text()}")
+            time.sleep(poll_s)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -447,6 +447,35 @@ class Summaries:
     #: combined (:func:`hvtrace.analysis.outside.merge_partials`).
     outside: pd.DataFrame = field(default_factory=lambda: merge_partials([]))
 
+    def before(self, stop: int) -> Summaries:
+        """The summaries of steps ``< stop`` only (every table is per step)."""
+        return Summaries(
+            self.steps[self.steps["step"] < stop].reset_index(drop=True),
+            self.users[self.users["step"] < stop].reset_index(drop=True),
+            self.collectives[self.collectives["step"] < stop].reset_index(drop=True),
+            engine=dict(self.engine),
+            outside=self.outside[self.outside["step"] < stop].reset_index(drop=True),
+        )
+
+    def then(self, later: Summaries) -> Summaries:
+        """These summaries followed by ``later``'s (of later steps: no step in both)."""
+
+        def cat(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+            if a.empty:
+                return b
+            return a if b.empty else pd.concat([a, b], ignore_index=True)
+
+        return Summaries(
+            cat(self.steps, later.steps),
+            cat(self.users, later.users),
+            cat(self.collectives, later.collectives),
+            later.spans_read,
+            later.row_groups_read,
+            later.row_groups_total,
+            engine=dict(later.engine),
+            outside=cat(self.outside, later.outside),
+        )
+
 
 def cross_rank(
     parts: Sequence[GroupSummary],

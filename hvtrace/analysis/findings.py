@@ -139,8 +139,8 @@ def _run_state(a: Analysis) -> list[Finding]:
     last_seen = a.steps.groupby("rank")["step"].max() if len(a.steps) else pd.Series(dtype=int)
     stopped = []
     for s in a.rank_states:
-        if s.complete and not s.truncated:
-            continue
+        if (s.complete or a.in_progress) and not s.truncated:
+            continue  # closed cleanly, or still being written
         step = max(int(last_seen.get(s.rank, -1)), s.last_step)
         how = "file truncated: crashed or killed" if s.truncated else "file not closed cleanly"
         stopped.append((s.rank, step, how))

@@ -129,6 +129,17 @@ class Analysis:
     #: Live straggler verdicts the job logged while it ran (:mod:`hvtrace.record.live`, from rank
     #: 0's file), in order: ``event`` (late / recovered), ``rank``, ``first_step``, ...
     live: list[dict[str, Any]] = field(default_factory=list)
+    #: Elastic Horovod: the membership epochs, each with its own analysis, when the run had
+    #: more than one (:mod:`hvtrace.analysis.membership`; empty otherwise). The resets are
+    #: ``reset`` findings.
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    #: The per-(rank, step) summaries the metrics were computed from
+    #: (:class:`hvtrace.analysis.engine.Summaries`; None for a frame): what a later analysis of
+    #: the same, grown run reuses for the steps that can no longer change (``analyze(prior=)``).
+    summaries: Any = field(default=None, repr=False)
+    #: The run was being written when analyzed (:attr:`hvtrace.load.Run.live`): a rank whose file
+    #: is still open is in progress, not stopped.
+    in_progress: bool = False
 
     @property
     def analyzed(self) -> pd.DataFrame:

@@ -255,6 +255,8 @@ def analyze(
     progress: Callable[[int, int], None] | None = None,
     dask: str | None = None,
     horovod_timeline: str | Path | None = None,
+    prior: tuple[Any, int] | None = None,
+    membership: bool = True,
 ) -> Analysis:
     """Analyze an opened :class:`hvtrace.Run` on the engine; return an :class:`Analysis`.
 
@@ -269,7 +271,12 @@ def analyze(
     ``progress(done, total)``: called as ranks are done; ``dask``: run the per-rank pass as
     tasks on a Dask cluster (``local:N`` or a scheduler address, see
     :mod:`hvtrace.analysis.cluster`) instead of in this process; ``horovod_timeline``: a Horovod
-    timeline file to merge (default: the run's own, if any: :mod:`hvtrace.analysis.hvd_timeline`).
+    timeline file to merge (default: the run's own, if any: :mod:`hvtrace.analysis.hvd_timeline`);
+    ``prior``: ``(summaries, stop)``: the :attr:`Analysis.summaries` of an earlier analysis of
+    the same run, whose steps before ``stop`` can no longer change (a run followed while it
+    grows, :mod:`hvtrace.follow`): only steps from ``stop`` on are read again;
+    ``membership``: for an Elastic Horovod run whose workers changed, also analyze each
+    membership epoch on its own and report the resets (:mod:`hvtrace.analysis.membership`).
     Raises
     :class:`hvtrace.TraceError` when the run (or the step selection) holds no spans.
     """
@@ -282,6 +289,10 @@ def analyze(
     if config is None:
         config = StragglerConfig.for_timing(h0.get("timing"))
     sources = span_sources(run, steps)
+    read_steps = steps
+    if prior is not None:  # only the steps that may have changed since
+        first = max(int(prior[1]), steps.first if steps is not None else 0)
+        read_steps = StepRange(first, steps.stop if steps is not None else None)
     salvaged: list[str] = []
 
     def repair(group: list[RankSource]) -> list[RankSource]:
@@ -314,7 +325,7 @@ def analyze(
 
             summ = summarize_dask(
                 sources,
-                steps,
+                read_steps,
                 dask=dask,
                 n_ranks=len(sources),
                 memory_limit_bytes=memory_limit_bytes,
@@ -324,7 +335,7 @@ def analyze(
         else:
             summ = summarize(
                 sources,
-                steps,
+                read_steps,
                 n_ranks=len(sources),
                 memory_limit_bytes=memory_limit_bytes,
                 progress=progress,
@@ -333,6 +344,8 @@ def analyze(
     except EngineError as exc:
         where = "the Dask engine" if dask else "the query engine"
         raise TraceError(f"{run.run_dir}: {where} failed: {exc}") from None
+    if prior is not None:
+        summ = prior[0].before(read_steps.first).then(summ)
     if summ.steps.empty:
         last = max((int(f.last_step) for f in run.files.values()), default=-1)
         what = f"no spans in steps {steps.label()}" if steps is not None else "no spans"
@@ -364,6 +377,7 @@ def analyze(
         "row_groups_total": summ.row_groups_total,
     }
     a.engine = dict(summ.engine)
+    a.summaries = summ
     a.run_dir = Path(run.run_dir)
     a.timing = str(h0.get("timing") or "")
     a.clock = run.clock_summary()
@@ -387,7 +401,25 @@ def analyze(
         RankState(r, f.complete, f.truncated, int(f.dropped), int(f.last_step))
         for r, f in sorted(run.files.items())
     ]
+    a.in_progress = bool(getattr(run, "live", False))
     a.findings = make_findings(a, config)  # again, now with the run's state
+    if membership:
+        from hvtrace.analysis import membership as _membership
+
+        def analyze_epoch(sub: Any, epoch_steps: StepRange, skip: int) -> Analysis:
+            if steps is not None:  # the epoch within the selection
+                first = max(epoch_steps.first, steps.first)
+                stops = [s for s in (epoch_steps.stop, steps.stop) if s is not None]
+                stop = min(stops) if stops else None
+                if stop is not None and stop <= first:
+                    raise ValueError("outside the selected steps")
+                epoch_steps = StepRange(first, stop)
+            return analyze(
+                sub, epoch_steps, skip, config, memory_limit_bytes=memory_limit_bytes,
+                dask=dask, horovod_timeline=None, membership=False,
+            )  # fmt: skip
+
+        _membership.attach(a, run, analyze_epoch, skip_steps)
     return a
 
 

@@ -55,16 +55,17 @@ DELAYS = {"on": True}
 
 
 def delay(seconds: float, kind: str = "sleep") -> None:
-    """Spend ``seconds`` of wall time: asleep (``sleep``: blocked) or multiplying matrices on
-    this thread (``compute``: more work). Nothing while :data:`DELAYS` is off."""
+    """Spend ``seconds`` more: asleep (``sleep``: blocked, that much wall time) or multiplying
+    matrices on this thread (``compute``: more work, that much of this thread's CPU time, however
+    long a busy machine makes it wait for a CPU meanwhile). Nothing while :data:`DELAYS` is off."""
     if not DELAYS["on"]:
         return
     if kind == "sleep":
         time.sleep(seconds)
         return
     a = torch.ones(64, 64)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         a = (a @ a).clamp_(max=1.0)
 
 

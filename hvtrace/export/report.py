@@ -353,9 +353,12 @@ def format_report(
         L += wrap(
             f"steps {first}..{last} analyzed ({count} steps"
             + (f"; {skipped}" if skipped else "")
-            + f"{sel})",
+            + f"{sel})"
+            + ("; those every worker recorded, each epoch: below" if a.membership else ""),
             w,
         )
+    elif a.membership:
+        L += wrap(f"no step that every worker recorded{sel}: see the membership epochs", w)
     else:
         L += wrap(f"no complete step to analyze{sel}", w)
     if a.run_dir is not None:
@@ -370,8 +373,8 @@ def format_report(
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
     for f in a.findings:
-        if f.kind == "hang" or (f.kind == "divergence" and f.severity == "warning"):  # at the top
-            L += wrap(f.message, w, "! ", "  ")
+        if f.kind in ("hang", "reset") or (f.kind == "divergence" and f.severity == "warning"):
+            L += wrap(f.message, w, "! ", "  ")  # at the top
     L += _gain_lines(a, w)
 
     ranks, note = _select_ranks(a, max_ranks)
@@ -445,6 +448,7 @@ def format_report(
     L += _outside_section(a, w)
     L += _horovod_timeline_section(a, w)
     L += _live_section(a, w)
+    L += _membership_section(a, w)
 
     # -- tensors
     t = a.tensors
@@ -650,6 +654,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "consistency": dict(a.consistency),
             "horovod_timeline": dict(a.horovod_timeline),
             "live": list(a.live),
+            "membership": list(a.membership),
             "communication": {
                 **a.comm,
                 "caveat": BANDWIDTH_CAVEAT,
@@ -789,6 +794,60 @@ def _live_section(a: Analysis, w: int, max_lines: int = 8) -> list[str]:
         L += wrap(printable(text), w, "  ", "    ")
     if len(a.live) > max_lines:
         L.append(f"  ... and {len(a.live) - max_lines} more (JSON: live)")
+    return L
+
+
+def _membership_section(a: Analysis, w: int, max_epochs: int = 12) -> list[str]:
+    """Elastic Horovod: each membership epoch and what its own analysis says (empty when the
+    workers never changed; the resets are findings, at the top)."""
+    if not a.membership:
+        return []
+    L = ["", f"Membership epochs (Elastic Horovod: {len(a.membership)} epochs)"]
+    headers = [
+        ("epoch", 5, ">"),
+        ("steps", 11, ">"),
+        ("size", 4, ">"),
+        ("step ms", 8, ">"),
+        ("comm/comp", 9, ">"),
+        ("workers (rank@host)", 32, "<"),
+    ]
+    rows = []
+    for e in a.membership[:max_epochs]:
+        ea = e.get("analysis") or {}
+        stop = e.get("stop_step")
+        steps = f"{e['start_step']}-{stop - 1}" if isinstance(stop, int) else f"{e['start_step']}-"
+        who = ", ".join(
+            f"{m['worker']}:{m['rank']}@{printable(m.get('horovod_host', m['host']))}"
+            for m in e["workers"][:6]
+        )
+        if len(e["workers"]) > 6:
+            who += f", +{len(e['workers']) - 6}"
+        rows.append(
+            [
+                str(e["gen"]),
+                steps,
+                str(e["size"]),
+                _num(ea.get("step_ms"), ".2f"),
+                _num(ea.get("comm_compute_ratio"), ".2f"),
+                who,
+            ]
+        )
+    L += _table(headers, rows)
+    for e in a.membership[:max_epochs]:
+        ea = e.get("analysis") or {}
+        if ea.get("error"):
+            L += wrap(f"epoch {e['gen']}: not analyzed ({printable(ea['error'])})", w)
+        for s in ea.get("stragglers") or []:
+            why = s["phase"] + (f", {s['cause']}" if s.get("cause") else "")
+            late = f" {s['late_ms']:.1f} ms late per step" if s.get("late_ms") is not None else ""
+            L += wrap(f"epoch {e['gen']}: straggler worker {s['worker']}{late} ({why})", w)
+    if len(a.membership) > max_epochs:
+        L.append(f"  ... and {len(a.membership) - max_epochs} more (JSON: membership)")
+    L += wrap(
+        "workers: stable ids (the rank file keys), with their rank in the epoch; each epoch is "
+        "analyzed on its own (its first step after a reset is a warm-up).",
+        w,
+    )
     return L
 
 

@@ -186,7 +186,11 @@ def ping_rank0(hvd: Any, rounds: int, tag: str) -> ClockEstimate | None:
 
 #: TCP round trips per clock estimate (tens of microseconds each).
 PING_ROUNDS = 32
-_sync_counter = 0
+#: The names of the clock collectives. One name for every estimate: Horovod matches collectives
+#: by name, and a worker that joins an elastic job must issue the names the survivors issue,
+#: whatever number of estimates each made before (names are reused only one estimate after
+#: another, as the optimizer reuses its gradients' names every step).
+CLOCK_TAG = "hvtrace.clock"
 
 
 def sync_clocks(hvd: Any, rounds: int) -> ClockEstimate:
@@ -196,9 +200,7 @@ def sync_clocks(hvd: Any, rounds: int) -> ClockEstimate:
     """
     import torch
 
-    global _sync_counter
-    _sync_counter += 1
-    tag = f"hvtrace.clock.{_sync_counter}"
+    tag = CLOCK_TAG
     x = torch.zeros(1)
     hvd.allreduce(x, name=f"{tag}.warm", op=hvd.Sum)
     enter = np.empty(rounds, np.int64)

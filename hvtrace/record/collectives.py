@@ -164,6 +164,12 @@ def release(tracer: Any) -> None:
         _pending.clear()
 
 
+def on_reset() -> None:
+    """Forget the async handles still waiting: an elastic reset initialized Horovod again, and
+    its handles start over."""
+    _pending.clear()
+
+
 def _depth() -> int:
     return _local.depth
 

@@ -225,7 +225,7 @@ class LiveMonitor:
     def _run(self) -> None:
         while True:
             item = self._q.get()
-            if item is None:
+            if item is None or self._stopped:  # closed: no exchange after a reset either
                 self._stop_judge()
                 return
             k, window = item

@@ -45,7 +45,7 @@ from typing import Any
 
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate
-from hvtrace.record import collectives, consistency, hvdpatch
+from hvtrace.record import collectives, consistency, elastic, hvdpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
 from hvtrace.record.cpustat import ThreadCounters
@@ -140,6 +140,9 @@ def DistributedOptimizer(
     steps apart each rank records a fingerprint of its parameters (and at step 0); the learning
     rates are recorded every step (:mod:`hvtrace.record.consistency`).
     Must be called on every rank, after ``hvd.init()``: it runs a short clock collective.
+    Under ``hvd.elastic.run``, call it once, outside the elastic function: recording goes on
+    across resets, and a worker that joins later finds the run's id and steps
+    (:mod:`hvtrace.record.elastic`).
 
     Raises ``RuntimeError`` if Horovod is not initialized. Never raises because of tracing: if the
     trace cannot be written, a warning is logged and the optimizer works untraced.
@@ -207,9 +210,18 @@ def trace_optimizer(
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: clock synchronisation failed ({exc}); not tracing")
         return None
-    live_setup = _live_setup(hvd)
+    # the set-up collective, right after the handshake on every rank (before anything that could
+    # fail on one rank only): rank 0's live window, the hosts, and under Elastic Horovod the
+    # survivors' state when this worker joins a running job (hvtrace.record.elastic)
     try:
-        tracer = Tracer(dist, model, hvd, run_id, clock, opts)
+        membership = elastic.setup_gather(hvd, None)
+    except Exception as exc:  # noqa: BLE001
+        _warn(f"hvtrace: set-up collective failed ({type(exc).__name__}: {exc}); not tracing")
+        return None
+    if membership.run_id is not None:  # joining a running elastic job: its run, its steps
+        run_id = membership.run_id
+    try:
+        tracer = Tracer(dist, model, hvd, run_id, clock, opts, membership)
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: could not start tracing ({type(exc).__name__}: {exc}); not tracing")
         return None
@@ -217,7 +229,8 @@ def trace_optimizer(
         log.info("hvtrace: recording run %s into %s", run_id, Path(opts.trace_dir).resolve())
     if tracer.rec.enabled and settings.horovod_timeline(horovod_timeline):
         tracer.start_horovod_timeline(Path(opts.trace_dir), run_id)
-    _start_live(tracer, live_setup, clock)
+    if not membership.after_reset:  # after a reset live detection is off on every rank
+        _start_live(tracer, (membership.live_every, membership.hosts), clock)
     try:
         every = settings.consistency_every(consistency_every)
         tracer.checks = consistency.make_checks(tracer, every)
@@ -257,6 +270,7 @@ class Tracer:
         run_id: str,
         clock: ClockEstimate,
         opts: TraceOptions,
+        membership: elastic.Membership | None = None,
     ) -> None:
         import torch
         from horovod.torch import mpi_ops
@@ -280,6 +294,22 @@ class Tracer:
         header = build_header(
             hvd, dist, model, run_id, clock, params, device, self.timer, counters.mode
         )
+        rank = hvd.rank()
+        if membership is None:
+            membership = elastic.Membership(
+                0, 0, 0, {rank: str(header.get("host"))}, {rank: rank}, None, hvd.size()
+            )
+        #: This process's stable id (the key of its file): its rank at the start, or the id it
+        #: was given when it joined an elastic job (:mod:`hvtrace.record.elastic`).
+        self.worker = int(membership.workers.get(rank, rank))
+        self.membership_gen = membership.gen
+        self.next_worker = membership.next_worker
+        self.cur_rank, self.cur_size = rank, hvd.size()
+        header["rank"] = self.worker
+        header["worker"] = self.worker
+        if membership.after_reset:  # the workers so far: ids 0 .. next_worker-1 (this one too)
+            header["size"] = max(int(header["size"]), membership.next_worker, self.worker + 1)
+        header["membership"] = membership.record(rank, monotonic_ns())
         self.rec = Recorder(
             opts.trace_dir,
             header,
@@ -293,7 +323,13 @@ class Tracer:
         self.read = counters.read
         # Even when the file could not be opened (recording disabled), the wrappers are installed:
         # they count steps so that the scheduled clock collectives stay in step on every rank.
-        self.steps_done = 0
+        self.steps_done = membership.start_step
+        self.rec.step = membership.start_step
+        #: Elastic Horovod (:mod:`hvtrace.record.elastic`): the step of the last commit, whether
+        #: the state was restored to it, and when the job was interrupted (None: not now).
+        self.last_commit_step = membership.start_step
+        self.restored = False
+        self.interrupted_ns: int | None = None
         self._finished = False
         self.meta: dict[Any, tuple[list, list, list]] = {}  # allreduce key -> names, bytes, dtypes
         self.rows: list = []
@@ -334,6 +370,7 @@ class Tracer:
         dist.step = self._step
         dist._hvtrace = self
         collectives.install(self)
+        elastic.install(self)
         self._hooks = []
         if getattr(dist, "backward_passes_per_step", 1) > 1:
             # Each backward pass ends when its last gradient is ready; Horovod only enqueues on the
@@ -643,24 +680,92 @@ class Tracer:
             self.live.close()
         self.rec.close()
         collectives.release(self)
+        elastic.release(self)
 
+    # -- Elastic Horovod (hvtrace.record.elastic routes State's calls here) ---------------------
+    def on_elastic_commit(self) -> None:
+        """``State.commit()``: the state is saved at this step."""
+        self.last_commit_step = self.steps_done
+        self.restored = False
 
-def _live_setup(hvd: Any) -> tuple[int, dict[int, str]] | None:
-    """Live straggler detection's set-up collective, run right after the clock handshake on
-    every rank (before anything that could fail on one rank only): rank 0's window
-    (``$HVTRACE_LIVE_EVERY``) for all, and the ranks' hosts. None if it failed."""
-    import socket
+    def on_elastic_interrupt(self, restored: bool) -> None:
+        """The job was interrupted (a failure: ``restored``; or hosts changed at a commit):
+        stop live detection at once (its next exchange would not match after the reset)."""
+        if self.interrupted_ns is None:
+            self.interrupted_ns = monotonic_ns()
+        self.restored = self.restored or restored
+        live, self.live = self.live, None
+        if live is not None:
+            live.close()
+            log.warning("hvtrace: live straggler detection is off after an elastic reset")
 
-    try:
-        from horovod.torch.functions import allgather_object  # not hvd's: not recorded
+    def on_elastic_reset(self) -> None:
+        """``State.on_reset()``, after Horovod was initialized again with the new workers: run
+        the collectives a joining worker runs (the clock handshake, the set-up gather), on every
+        rank whether or not it still records, then go on at the agreed step with a membership
+        record (and a ``hvtrace.reset`` user span from the end of the last step to now). Never
+        raises: a failure disables tracing with one warning."""
+        self.on_elastic_interrupt(restored=False)
+        t_last = self.step_start  # the end of the last completed step (host timer token)
+        step_at_reset = self.steps_done
+        prev_rank, prev_size = self.cur_rank, self.cur_size
+        self._drop_partial_step()
+        collectives.on_reset()
+        try:
+            _run_id, est = handshake(self.hvd, self.clock_rounds)
+            m = elastic.setup_gather(self.hvd, elastic.local_info(self))
+        except Exception as exc:  # noqa: BLE001 - Horovod failed again: the next reset retries
+            self.fail(f"re-synchronising after an elastic reset: {type(exc).__name__}: {exc}")
+            return
+        rank, size = self.hvd.rank(), self.hvd.size()
+        reset = {
+            "prev_rank": prev_rank,
+            "prev_size": prev_size,
+            "step": step_at_reset,
+            "commit_step": self.last_commit_step,
+            "restored": bool(self.restored),
+            "replayed_steps": max(0, step_at_reset - self.last_commit_step) if self.restored else 0,
+            "last_step_end_ns": t_last if type(t_last) is int else None,
+            "interrupted_ns": self.interrupted_ns,
+        }
+        self.membership_gen, self.next_worker = m.gen, m.next_worker
+        self.cur_rank, self.cur_size = rank, size
+        self.steps_done = self.last_commit_step = m.start_step
+        self.restored, self.interrupted_ns = False, None
+        try:
+            now = monotonic_ns()
+            rec = self.rec
+            rec.step = m.start_step
+            if rec.enabled:
+                if self.worker != m.workers.get(rank, self.worker):
+                    log.warning("hvtrace: worker ids disagree after the reset")
+                rec.membership_events.append(m.record(rank, now, reset))
+                if prev_rank == 0 and rank == 0:  # the same reference clock as before
+                    rec.add_clock(est)
+                if type(t_last) is int:
+                    rec.add(K_USER, "hvtrace.reset", t_last, now, step=m.start_step)
+            self.step_start, self.step_cpu = self.now(), self.read()
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+        if rank == 0:
+            log.info(
+                "hvtrace: elastic reset: size %d -> %d, going on at step %d",
+                prev_size,
+                size,
+                m.start_step,
+            )
 
-        everyone = allgather_object(
-            (settings.live_every(), socket.gethostname()), name="hvtrace.live.setup"
-        )
-        return int(everyone[0][0]), {i: str(h) for i, (_e, h) in enumerate(everyone)}
-    except Exception as exc:  # noqa: BLE001
-        _warn(f"hvtrace: live detection not started ({type(exc).__name__}: {exc})")
-        return None
+    def _drop_partial_step(self) -> None:
+        """Forget the step the reset interrupted (its spans and allreduce handles)."""
+        self.rows, self.done_rows = [], []
+        self.enqueued, self.done, self.poll_idx = [], [], 0
+        self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
+        self.sync_exit = self.sync_cpu = self.last_grad = None
+        self.fwd_count = 0
+        self.compute_closed = self.in_sync = False
+        self.in_collective = None
+        self.rec.micro = 0
+        self.rec.between_steps = False
 
 
 def _start_live(tracer: Tracer, setup: tuple[int, dict[int, str]] | None, clock: Any) -> None:

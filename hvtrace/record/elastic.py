@@ -1,0 +1,293 @@
+"""Elastic Horovod: who is in the job, agreed by every rank at start and after each reset.
+
+Under ``hvd.elastic.run`` workers leave (a failure, a host removed) and join (a host added); each
+change is a *reset*: the surviving workers shut Horovod down, initialize it again with the new
+set of workers (their rank and the size may change), call ``State.on_reset()`` and then
+``State.sync()``; a new worker runs the script from the top (``hvd.init()``, the model, the
+optimizer) and then ``State.sync()``. Every collective hvtrace issues must therefore be issued by
+the survivors too, in the same order, before ``sync()``: :func:`install` wraps
+``horovod.common.elastic.State.on_reset`` so that the surviving ranks run the same sequence a new
+worker runs in :func:`hvtrace.record.optimizer.trace_optimizer` (the clock handshake, then
+:func:`setup_gather`), before the job's own reset callbacks.
+
+:func:`setup_gather` is one ``allgather_object`` (``hvtrace.setup``): each rank sends rank 0's
+live window setting, its host name and, when it has recorded already (a survivor), its worker id,
+step count, last membership generation and run id. From it every rank derives the same
+:class:`Membership`:
+
+- ``worker``: a stable id per process, the key of its trace file (``rank{worker:05d}-RUNID``):
+  the initial members' ranks, then, for each worker that joins, the next unused id (in the order
+  of their new ranks). A file is never shared by two processes, and a process keeps its one file
+  across resets whatever its rank becomes;
+- ``start_step``: the step numbering goes on from the largest step count of the survivors, so that
+  step numbers stay unique per file and aligned across workers (the replayed steps, redone from
+  the last commit, get new numbers; how many were replayed is recorded);
+- ``gen``: the membership generation (0 at start, +1 per reset).
+
+Each file records the memberships it saw: the first in its header (``membership``), each later
+one in a batch status (``membership``, a list; see docs/format.md). After a reset, live straggler
+detection is off (its windows could not stay in step with a new worker's); the consistency checks
+(local), the collectives' recording and the scheduled clock estimates go on.
+
+Also wrapped: ``State.commit`` (the step of the last commit: how many steps a restore replays)
+and ``ObjectState.restore`` (a restore happened: the job failed, and goes back to the commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+from hvtrace import settings
+
+log = logging.getLogger("hvtrace")
+
+#: The name of the set-up collective (every rank, at start and after each reset).
+SETUP_NAME: Final = "hvtrace.setup"
+#: Most membership records kept per file (a flapping job cannot grow the status without bound).
+MAX_RECORDS: Final = 1000
+#: Most workers listed per membership record.
+MAX_MEMBERS: Final = 100_000
+
+_lock = threading.Lock()
+_installed = False
+#: The tracer whose :meth:`on_elastic_reset` the wrapped ``State.on_reset`` calls.
+_target: Any = None
+
+
+@dataclass
+class Membership:
+    """What every rank derives from one :func:`setup_gather` (equal on every rank)."""
+
+    gen: int
+    start_step: int
+    live_every: int
+    #: rank -> host name, rank -> worker id (ranks ``0 .. size-1``).
+    hosts: dict[int, str]
+    workers: dict[int, int]
+    #: The run id of the survivors (None at the first start: the handshake's is used).
+    run_id: str | None = None
+    next_worker: int = 0
+    #: True when some rank had recorded before (this is a reset, not the start).
+    after_reset: bool = False
+    #: rank -> the host as horovodrun names it (``HOROVOD_HOSTNAME``; else the host name).
+    hvd_hosts: dict[int, str] | None = None
+
+    @property
+    def size(self) -> int:
+        """Ranks in this membership."""
+        return len(self.workers)
+
+    def record(self, rank: int, at_ns: int, reset: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON record of this membership as rank ``rank`` saw it (see docs/format.md)."""
+        return {
+            "gen": self.gen,
+            "start_step": self.start_step,
+            "size": self.size,
+            "rank": int(rank),
+            "worker": int(self.workers.get(rank, -1)),
+            "members": [[w, r, h, (self.hvd_hosts or {}).get(r, h)] for w, r, h in self.members()],
+            "at_ns": int(at_ns),
+            "reset": reset,
+        }
+
+    def members(self) -> list[tuple[int, int, str]]:
+        """``(worker, rank, host)`` of every rank, in rank order."""
+        return [(self.workers[r], r, self.hosts.get(r, "?")) for r in sorted(self.workers)]
+
+
+def local_info(tracer: Any) -> dict[str, Any] | None:
+    """What this rank sends to :func:`setup_gather`: None before it recorded (a new worker)."""
+    if tracer is None:
+        return None
+    return {
+        "run_id": str(tracer.rec.header.get("run_id")),
+        "worker": int(tracer.worker),
+        "step": int(tracer.steps_done),
+        "gen": int(tracer.membership_gen),
+        "next_worker": int(tracer.next_worker),
+    }
+
+
+def setup_gather(hvd: Any, info: dict[str, Any] | None) -> Membership:
+    """The set-up collective (``allgather_object``, issued by every rank at the same point):
+    returns the :class:`Membership` every rank derives alike (see the module doc). Raises what
+    Horovod raises."""
+    from horovod.torch.functions import allgather_object  # not hvd's: not recorded as the user's
+
+    hvd_host = os.environ.get("HOROVOD_HOSTNAME")  # the host as horovodrun names it
+    everyone = allgather_object(
+        (settings.live_every(), socket.gethostname(), info, hvd_host), name=SETUP_NAME
+    )
+    return agree(everyone)
+
+
+def agree(everyone: list[Any]) -> Membership:
+    """Derive the membership from the gathered ``(live_every, host, info)`` of every rank (in
+    rank order). Values are checked: a malformed entry counts as a new worker."""
+    hosts: dict[int, str] = {}
+    hvd_hosts: dict[int, str] = {}
+    prior: dict[int, dict[str, Any]] = {}
+    for r, item in enumerate(everyone):
+        try:
+            _every, host, info, hvd_host = item
+        except (TypeError, ValueError):
+            host, info, hvd_host = "?", None, None
+        hosts[r] = str(host)[:256]
+        hvd_hosts[r] = str(hvd_host if hvd_host else host)[:256]
+        if isinstance(info, dict):
+            try:
+                prior[r] = {
+                    "run_id": str(info["run_id"])[:200],
+                    "worker": int(info["worker"]),
+                    "step": int(info["step"]),
+                    "gen": int(info["gen"]),
+                    "next_worker": int(info["next_worker"]),
+                }
+            except (KeyError, TypeError, ValueError):
+                pass
+    try:
+        live_every = int(everyone[0][0])
+    except (TypeError, ValueError, IndexError):
+        live_every = 0
+    size = len(everyone)
+    if not prior:
+        workers = {r: r for r in range(size)}
+        return Membership(0, 0, live_every, hosts, workers, None, size, False, hvd_hosts)
+    workers = {}
+    used: set[int] = set()
+    for r in sorted(prior):
+        w = prior[r]["worker"]
+        if w not in used:
+            workers[r] = w
+            used.add(w)
+    nxt = max(
+        max(p["next_worker"] for p in prior.values()),
+        max(used, default=-1) + 1,
+    )
+    for r in range(size):
+        if r not in workers:
+            workers[r] = nxt
+            nxt += 1
+    return Membership(
+        gen=max(p["gen"] for p in prior.values()) + 1,
+        start_step=max(p["step"] for p in prior.values()),
+        live_every=live_every,
+        hosts=hosts,
+        workers=workers,
+        run_id=prior[min(prior)]["run_id"],
+        next_worker=nxt,
+        after_reset=True,
+        hvd_hosts=hvd_hosts,
+    )
+
+
+def install(tracer: Any) -> None:
+    """Route Horovod's elastic resets, commits and restores to ``tracer`` (wraps once; a no-op
+    where Horovod has no elastic module)."""
+    global _target, _installed
+    _target = tracer
+    with _lock:
+        if _installed:
+            return
+        try:
+            from horovod.common import elastic as hvd_elastic
+        except Exception:  # noqa: BLE001 - no elastic support: nothing to follow
+            return
+        state_cls = getattr(hvd_elastic, "State", None)
+        object_cls = getattr(hvd_elastic, "ObjectState", None)
+        if state_cls is None:
+            return
+        _wrap_method(state_cls, "on_reset", _on_reset)
+        _wrap_method(state_cls, "commit", _on_commit)
+        if object_cls is not None:
+            _wrap_method(object_cls, "restore", _on_restore)
+        _installed = True
+
+
+def release(tracer: Any) -> None:
+    """Stop routing resets to ``tracer`` (its finish); the wrappers stay and pass through."""
+    global _target
+    if _target is tracer:
+        _target = None
+
+
+def _wrap_method(cls: type, name: str, before: Any) -> None:
+    orig = cls.__dict__.get(name)
+    if orig is None or getattr(orig, "__hvtrace__", False):
+        return
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return before(orig, self, *args, **kwargs)
+
+    wrapper.__hvtrace__ = True  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(orig, "__name__", name)
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    setattr(cls, name, wrapper)
+
+
+def _on_reset(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """``State.on_reset``: hvtrace's re-synchronisation first (never raises), then Horovod's
+    (which runs the job's reset callbacks)."""
+    tr = _target
+    if tr is not None:
+        try:
+            tr.on_elastic_reset()
+        except BaseException as exc:  # noqa: BLE001 - never into the elastic loop
+            log.warning("hvtrace: following the elastic reset failed: %s", exc)
+    return orig(state, *args, **kwargs)
+
+
+def _on_commit(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """``State.commit``: note the step the state was saved at, then commit (which may raise
+    ``HostsUpdatedInterrupt``: the membership changes, a reset follows)."""
+    tr = _target
+    if tr is not None:
+        try:
+            tr.on_elastic_commit()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        return orig(state, *args, **kwargs)
+    except BaseException:
+        if tr is not None:
+            try:
+                tr.on_elastic_interrupt(restored=False)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+
+
+def _on_restore(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+    """``ObjectState.restore``: the job failed and goes back to its last commit."""
+    tr = _target
+    if tr is not None:
+        try:
+            tr.on_elastic_interrupt(restored=True)
+        except Exception:  # noqa: BLE001
+            pass
+    return orig(state, *args, **kwargs)
+
+
+def merge_membership(old: Any, new: Any) -> list[dict[str, Any]]:
+    """Merge the ``membership`` records of batch statuses, in order, once each (by generation);
+    anything that is not a dict with an integer ``gen`` is dropped."""
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for x in (old, new):
+        for e in x if isinstance(x, list) else []:
+            if not isinstance(e, dict):
+                continue
+            try:
+                gen = int(e.get("gen"))  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                continue
+            if gen in seen or len(out) >= MAX_RECORDS:
+                continue
+            seen.add(gen)
+            out.append(e)
+    return out
