@@ -17,6 +17,7 @@ import html
 import logging
 import re
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -161,6 +162,9 @@ class DashboardData:
     focus_step: int = 0
     problems: list[str] = field(default_factory=list)
     clock_note: str = ""
+    #: Elastic Horovod: the run's membership epochs (:attr:`hvtrace.analysis.Analysis.membership`;
+    #: empty when the workers never changed). The resets are among the findings.
+    membership: list[dict[str, Any]] = field(default_factory=list)
     t0_ns: int = 0
     spans_per_rank_step: float = 20.0
     timeline_ranks: list[int] = field(default_factory=list)
@@ -366,6 +370,7 @@ class DashboardData:
             straggler_ranks=[int(r) for r in a.stragglers["rank"]],
             focus_step=focus,
             problems=list(a.problems),
+            membership=list(getattr(a, "membership", []) or []),
             clock_note=" · ".join(notes),
             t0_ns=int(st["start_ns"].min()) if len(st) else 0,
             spans_per_rank_step=total / cells,
@@ -452,6 +457,9 @@ def _data_of(look: Any, follower: Any) -> DashboardData | None:
     return data
 
 
+_LAYOUT_LOCK = threading.Lock()
+
+
 class _PageDash(Dash):
     """Dash, with the layout's JSON made once: the page's layout is built at start and never
     changes (each figure's arrays are encoded once, not on every page load). For a live run
@@ -470,14 +478,16 @@ class _PageDash(Dash):
     def serve_layout(self) -> Any:
         """Return the layout as JSON (encoded once per version of the data)."""
         feed = self.live_feed
-        if feed is not None and feed.version != self._layout_version:
-            status, data = feed.snapshot()
-            self.layout = page_layout(data, status)
-            self._layout_version = status["version"]
-            self._layout_json = None
-        if self._layout_json is None:
-            self.encode_layout()
-        return self.backend.make_response(self._layout_json, mimetype="application/json")
+        with _LAYOUT_LOCK:  # pages loading at once build a new version's layout once
+            if feed is not None and feed.version != self._layout_version:
+                status, data = feed.snapshot()
+                self.layout = page_layout(data, status)
+                self._layout_version = status["version"]
+                self._layout_json = None
+            if self._layout_json is None:
+                self.encode_layout()
+            body = self._layout_json
+        return self.backend.make_response(body, mimetype="application/json")
 
 
 def page_layout(data: DashboardData, live: dict[str, Any] | None = None) -> Any:
@@ -674,13 +684,14 @@ def serve(
     )
     for msg in look.problems:
         log.warning("%s", msg)
+    said = False
     while True:
         data = _data_of(look, follower)
         if data is not None or not look.live:
             break
-        print(
-            "hvtrace dashboard: the run is live but has no complete step yet; waiting", flush=True
-        )
+        if not said:
+            print("hvtrace dashboard: the run is live, no step complete yet: waiting", flush=True)
+            said = True
         time.sleep(POLL_S)
         look = follower.look()
     if data is None:

@@ -177,7 +177,65 @@ def header_notes(data: DashboardData) -> list[Any]:
         notes.append(html.Div(data.clock_note, className="hv-sub"))
     if data.hosts:
         notes.append(html.Div(hosts_line(data.hosts), className="hv-sub", id="hosts"))
+    if data.membership:
+        notes.append(membership_table(data.membership))
     return notes
+
+
+def membership_table(epochs: list[dict[str, Any]], limit: int = 50) -> html.Details:
+    """Elastic Horovod: each membership epoch (steps, size, its workers as ``worker:rank@host``)
+    and what its own analysis says (median step, comm/compute, stragglers)."""
+    head = html.Tr(
+        [
+            html.Th(c)
+            for c in (
+                "epoch",
+                "steps",
+                "size",
+                "workers",
+                "median step",
+                "comm/compute",
+                "stragglers",
+            )
+        ]
+    )
+    rows = []
+    for e in epochs[:limit]:
+        ea = e.get("analysis") or {}
+        stop = e.get("stop_step")
+        steps = f"{e['start_step']}–{stop - 1}" if isinstance(stop, int) else f"{e['start_step']}–"
+        workers = e.get("workers") or []
+        who = ", ".join(
+            f"{m['worker']}:{m['rank']}@{m.get('horovod_host', m.get('host', '?'))}"
+            for m in workers[:8]
+        ) + (f", +{len(workers) - 8}" if len(workers) > 8 else "")
+        strag = ", ".join(
+            f"worker {s['worker']} ({s.get('phase', '')})" for s in ea.get("stragglers", [])
+        )
+        step_ms, ratio = ea.get("step_ms"), ea.get("comm_compute_ratio")
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(str(e.get("gen", "?")), className="num"),
+                    html.Td(steps),
+                    html.Td(str(e.get("size", "?")), className="num"),
+                    html.Td(who),
+                    html.Td("—" if step_ms is None else f"{step_ms:.1f} ms", className="num"),
+                    html.Td("—" if ratio is None else f"{ratio:.2f}", className="num"),
+                    html.Td(strag or ea.get("error", "none")),
+                ]
+            )
+        )
+    return html.Details(
+        [
+            html.Summary(
+                f"Elastic Horovod: {len(epochs)} membership epochs (resets: see findings)"
+            ),
+            html.Table([html.Thead(head), html.Tbody(rows)], className="hv-table"),
+        ],
+        open=True,
+        id="membership",
+    )
 
 
 def hosts_line(hosts: dict[int, str], limit: int = 8) -> str:

@@ -49,11 +49,16 @@ from hvtrace.schema import FILE_SUFFIX
 
 log = logging.getLogger("hvtrace")
 
-#: Bytes read from one stream per poll at most (the rest waits for the next poll).
+#: Bytes read from a stream at a time (a poll reads all it gained, chunk by chunk).
 POLL_BYTES: Final = 256 << 20
 #: A run whose streams have not grown for this long is no longer called live (a hung or killed
 #: job leaves streams that are never closed).
 STALE_S: Final = 120.0
+
+#: Largest IPC message metadata and body accepted (hvtrace's batches are far smaller): a length
+#: beyond is damage or a hostile file, and is not waited for (nor buffered).
+MAX_METADATA_BYTES: Final = 16 << 20
+MAX_BODY_BYTES: Final = 1 << 30
 
 _CONTINUATION: Final = b"\xff\xff\xff\xff"
 _SCHEMA, _DICTIONARY, _BATCH = 1, 2, 3  # Arrow's MessageHeader union
@@ -140,8 +145,9 @@ class StreamTail:
             return True
         return (st.st_dev, st.st_ino) != self.identity
 
-    def poll(self, max_bytes: int = POLL_BYTES) -> int:
-        """Read what the file gained since the last poll; return the new record batches.
+    def poll(self, chunk_bytes: int = POLL_BYTES) -> int:
+        """Read what the file gained since the last poll, ``chunk_bytes`` at a time (what is held
+        unparsed stays under a chunk plus one message); return the new record batches.
 
         Raises :class:`TraceError` when the stream's first message is not an hvtrace schema.
         """
@@ -149,11 +155,16 @@ class StreamTail:
             return 0
         st = os.fstat(self._fd)
         self.mtime = st.st_mtime
-        start = self.offset + len(self._pending)
-        if st.st_size > start:
-            self._pending += os.pread(self._fd, min(st.st_size - start, max_bytes), start)
         before = len(self.batches)
-        self._consume()
+        while not self.ended:
+            start = self.offset + len(self._pending)
+            if st.st_size <= start:
+                break
+            data = os.pread(self._fd, min(st.st_size - start, chunk_bytes), start)
+            if not data:
+                break
+            self._pending += data
+            self._consume()
         return len(self.batches) - before
 
     def _consume(self) -> None:
@@ -167,7 +178,10 @@ class StreamTail:
                 self.ended = True
                 pos += 8
                 break
-            if meta_len < 0 or len(buf) - pos < 8 + meta_len:
+            if meta_len < 0 or meta_len > MAX_METADATA_BYTES:
+                self._stop(f"a message claims {meta_len:,} bytes of metadata")
+                break
+            if len(buf) - pos < 8 + meta_len:
                 break
             meta = bytes(buf[pos + 8 : pos + 8 + meta_len])
             try:
@@ -176,8 +190,8 @@ class StreamTail:
                 self._stop("malformed message metadata")
                 break
             end = pos + 8 + meta_len + body_len
-            if body_len < 0:
-                self._stop("negative message body length")
+            if not 0 <= body_len <= MAX_BODY_BYTES:
+                self._stop(f"a message claims a body of {body_len:,} bytes")
                 break
             if len(buf) < end:
                 break
@@ -308,18 +322,17 @@ class RunFollower:
         quiet = max(0.0, time.time() - newest) if open_paths else 0.0
         live = bool(open_paths) and quiet < STALE_S
         run.live = live
-        problems = list(run.problems)
         for rf in run.files.values() if not live else []:
             if rf.path in open_paths:  # nobody writes it any more: what open_run would report
                 rf.truncated = bool(self.tails[rf.path]._pending)  # it ends inside a message
-                problems.append(unclosed_problem(rf))
+                run.problems.append(unclosed_problem(rf))
         return Look(
             run=run,
             new_bytes=self._new_bytes,
             live=live,
             open_streams=len(open_paths),
             quiet_s=quiet,
-            problems=problems,
+            problems=list(run.problems),
         )
 
     def analyze(self, look: Look, **analyze_kw: Any) -> Any:

@@ -100,7 +100,7 @@ def test_each_poll_reads_only_the_new_bytes(tmp_path: Path, monkeypatch) -> None
 
     monkeypatch.setattr(os, "pread", counting)
     tail = StreamTail(dst)
-    n1 = tail.poll()
+    n1 = tail.poll(chunk_bytes=1000)  # in small chunks: all of it still, each byte once
     with open(dst, "ab") as f:
         f.write(data[len(data) // 2 :])
     n2 = tail.poll()
@@ -193,5 +193,23 @@ def test_a_stream_nobody_writes_any_more_is_reported_as_cut(tmp_path: Path) -> N
     os.utime(dst, (old, old))
     look = f.look()
     assert not look.live and look.open_streams == 1 and look.quiet_s > STALE_S
-    assert any("truncated after 4 spans" not in p and "truncated after" in p for p in look.problems)
-    assert dst.name in look.problems[0]
+    kept = look.run.files[0].spans  # the whole batches before the cut
+    assert kept > 0 and f"truncated after {kept} spans" in look.problems[0], look.problems
+    assert dst.name in look.problems[0] and look.problems == look.run.problems
+    # ... and the analysis (what the report and the dashboard show) says so too
+    a = f.analyze(look)
+    assert any("truncated after" in p for p in a.problems)
+
+
+def test_a_message_claiming_a_huge_length_is_refused_not_waited_for(tmp_path: Path) -> None:
+    (src,) = _write_run(tmp_path / "src", 1, 2, close=False)
+    data = src.read_bytes()
+    dst = tmp_path / "h.arrows"
+    # whole batches, then a message whose metadata claims 2 GiB - 1
+    dst.write_bytes(data + b"\xff\xff\xff\xff" + (2**31 - 1).to_bytes(4, "little") + b"x" * 64)
+    tail = StreamTail(dst)
+    tail.poll()
+    rf = tail.rank_file()
+    assert tail.ended and rf.truncated and "2,147,483,647 bytes of metadata" in rf.refused
+    assert rf.spans == read_rank_file(src).spans  # what came before is kept
+    assert len(tail._pending) <= 72  # nothing more is buffered for it
