@@ -102,6 +102,17 @@ def _hangs(a: Analysis) -> list[Finding]:
     out = []
     for h in a.hangs:
         waiting = f"rank{'s' if len(h['waiting_ranks']) > 1 else ''} {_list(h['waiting_ranks'])}"
+        if h.get("skipped"):
+            many = len(h["ranks"]) > 1
+            few = f"rank{'s' if many else ''} {_list(h['ranks'])}"
+            msg = (
+                f"hang at step {h['step']}: {few} skipped {_span_words(h['tensor'])}: "
+                f"{waiting} issued it and waited in it {h['waited_s']:.0f} s or more; "
+                f"{'they' if many else 'it'} went on without it and "
+                f"wait{'' if many else 's'} in synchronize for the others' gradients"
+            )
+            out.append(Finding("hang", "warning", msg, h["waited_s"], "s", dict(h)))
+            continue
         what = f" for {h['tensor']}" if h["tensor"] else ""
         more = len(h["tensors"]) - 1
         if more > 0:

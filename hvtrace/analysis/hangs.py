@@ -56,7 +56,12 @@ def find_hangs(files: dict[int, Any], expected_ranks: list[int]) -> list[dict[st
 
     Waits in the optimizer's ``synchronize`` make the hangs; waits in a collective outside it
     explain who did not arrive (they make hangs of their own only when no rank waits in the
-    optimizer).
+    optimizer). When the ranks that did not arrive in ``synchronize`` all wait in one and the
+    same collective, and they are more than the ranks waiting in ``synchronize``, it is the other
+    way round: most ranks issued that collective and the few went on without it (they skipped
+    it, and now wait for the others' gradients). Then ``ranks`` are those few, ``waiting_ranks``
+    the ranks in the collective, ``tensor`` its span name, and ``skipped`` is True (else
+    False).
     """
     every = _stall_records(files)
     if not every:
@@ -81,6 +86,30 @@ def find_hangs(files: dict[int, Any], expected_ranks: list[int]) -> list[dict[st
                 firsts[names[0]] = firsts.get(names[0], 0) + 1
             tensors += [n for n in names if n not in tensors]
         first = max(firsts, key=lambda n: firsts[n]) if firsts else ""
+        elsewhere = {str(r): c for r, c in sorted(in_coll.items()) if r not in waiting}
+        skipped = (
+            hung
+            and len(missing) > len(waiting)
+            and sorted(int(r) for r in elsewhere) == missing
+            and len(set(elsewhere.values())) == 1
+        )
+        if skipped:  # the many wait in a collective the few went past without issuing
+            coll_waits = [w for r, _s, w, _p, c in every if c is not None and r in missing]
+            out.append(
+                {
+                    "step": step,
+                    "hung": True,
+                    "ranks": waiting,
+                    "waiting_ranks": missing,
+                    "tensor": next(iter(elsewhere.values())),
+                    "tensors": [next(iter(elsewhere.values()))],
+                    "waited_s": max(coll_waits, default=max(w for _, _, w, _, _ in here)),
+                    "in_collective": elsewhere,
+                    "skipped": True,
+                    "skippers_wait_for": tensors[:MAX_TENSORS],
+                }
+            )
+            continue
         out.append(
             {
                 "step": step,
@@ -90,9 +119,8 @@ def find_hangs(files: dict[int, Any], expected_ranks: list[int]) -> list[dict[st
                 "tensor": first,
                 "tensors": tensors[:MAX_TENSORS],
                 "waited_s": max(w for _, _, w, _, _ in here),
-                "in_collective": {
-                    str(r): c for r, c in sorted(in_coll.items()) if r not in waiting
-                },
+                "in_collective": elsewhere,
+                "skipped": False,
             }
         )
     return out

@@ -162,6 +162,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the others never issue it, so every rank hangs)",
     )
     p.add_argument(
+        "--skip-allreduce-rank",
+        type=int,
+        default=None,
+        help="with --metric-allreduce: this rank skips the metric's allreduce after --stop-step "
+        "(a bug: the others issue it and wait there, so every rank hangs)",
+    )
+    p.add_argument(
         "--slow-from-step",
         type=int,
         default=0,
@@ -397,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 opt.step()
             if slow and args.slow_phase == "update":
                 delay(args.slow_ms / 1e3, args.slow_kind)
-            if args.metric_allreduce:
+            skip = rank == args.skip_allreduce_rank and i == args.stop_step
+            if args.metric_allreduce and not skip:
                 hvd.allreduce(loss.detach(), name="metric.loss")
             if args.broadcast_object_at == i:
                 state = {"step": i, "lr": args.lr, "payload": list(range(1000))}

@@ -181,6 +181,42 @@ def test_a_collective_only_one_rank_issues_names_that_rank(tmp_path: Path) -> No
     assert "rank 2 waits in hvd.allreduce (average) 'metric.loss'" in msg, msg
 
 
+def test_a_rank_that_skips_a_collective_the_others_issue_is_named(tmp_path: Path) -> None:
+    """Every rank averages a metric with hvd.allreduce after each step, but rank 1 skips it after
+    step 12 (a bug on one rank): ranks 0 and 2 wait in that allreduce, rank 1 waits in step 13's
+    synchronize for their gradients. The hang names rank 1 and the collective it skipped."""
+    from hvtrace.analysis import analyze
+    from hvtrace.load import open_run
+
+    trace = tmp_path / "trace"
+    proc = _start(
+        trace, "--steps", "100000", "--metric-allreduce", "--skip-allreduce-rank", "1",
+        "--stop-step", str(STOP_STEP),
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            st = _stalls(trace, [0, 1, 2])
+            if len(st) == 3 and all(v for v in st.values()):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"no stall noted in 240 s: {_stalls(trace, [0, 1, 2])}")
+    finally:
+        _kill(proc, trace)
+    a = analyze(open_run(trace))
+    (h,) = a.hangs
+    assert h["hung"] and h["skipped"] and h["step"] == STOP_STEP + 1, h
+    assert h["ranks"] == [1] and h["waiting_ranks"] == [0, 2], h
+    assert h["tensor"] == "allreduce.average|input|metric.loss", h
+    assert h["skippers_wait_for"], h  # rank 1 waits for the others' gradients
+    msg = a.findings[0].message
+    assert a.findings[0].kind == "hang", msg
+    assert "rank 1 skipped hvd.allreduce (average) 'metric.loss'" in msg, msg
+    assert "ranks 0, 2 issued it and waited in it" in msg, msg
+
+
 def test_a_run_that_did_not_hang_has_no_such_finding(tmp_path: Path) -> None:
     """The same job without the stop, with the same short stall time: no stall, no hang."""
     trace = tmp_path / "trace"

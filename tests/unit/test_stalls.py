@@ -142,3 +142,29 @@ def test_a_rank_waiting_in_a_collective_only_it_issued_did_not_arrive() -> None:
     # without the optimizer waits (every rank in mismatched collectives), those make the hang
     (h2,) = find_hangs({2: rf(13, lone), 0: rf(13)}, [0, 2])
     assert h2["waiting_ranks"] == [2] and h2["ranks"] == [0]
+
+
+def test_ranks_that_went_past_a_collective_the_others_wait_in_are_named() -> None:
+    """Rank 1 skipped the metric allreduce ranks 0 and 2 issued: they wait in it, rank 1 waits
+    in the next step's synchronize for their gradients. Rank 1 is the one named, and the
+    finding says which collective it never issued."""
+    from hvtrace.analysis.findings import _hangs
+
+    coll = "allreduce.average|input|metric.loss"
+    files = {
+        0: rf(13, dict(rec(13, 40.0, "metric.loss"), collective=coll)),
+        1: rf(13, rec(13, 39.0, "net.4.weight", "net.0.weight")),
+        2: rf(13, dict(rec(13, 41.0, "metric.loss"), collective=coll)),
+    }
+    (h,) = find_hangs(files, [0, 1, 2])
+    assert h["hung"] and h["skipped"] and h["step"] == 13
+    assert h["ranks"] == [1] and h["waiting_ranks"] == [0, 2]
+    assert h["tensor"] == coll and h["waited_s"] == 41.0
+    assert h["skippers_wait_for"] == ["net.4.weight", "net.0.weight"]
+    (f,) = _hangs(SimpleNamespace(hangs=[h]))
+    assert "rank 1 skipped hvd.allreduce (average) 'metric.loss'" in f.message, f.message
+    assert "ranks 0, 2 issued it and waited in it 41 s or more; it went on" in f.message
+    # two ranks in different collectives: not one skipped collective, named as before
+    files[2] = rf(13, dict(rec(13, 41.0, "other"), collective="allgather|input|other"))
+    (h,) = find_hangs(files, [0, 1, 2])
+    assert not h["skipped"] and h["ranks"] == [0, 2]
