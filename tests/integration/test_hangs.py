@@ -72,6 +72,21 @@ def _kill(proc: subprocess.Popen, trace: Path) -> str:
     return err
 
 
+def _hang_then_kill(proc: subprocess.Popen, trace: Path, timeout_s: float = 240) -> None:
+    """Wait until each of the 3 ranks noted a stall in its file, then kill the job."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            st = _stalls(trace, [0, 1, 2])
+            if len(st) == 3 and all(v for v in st.values()):
+                return
+            time.sleep(0.5)
+        pytest.fail(f"no stall noted in {timeout_s:.0f} s: {_stalls(trace, [0, 1, 2])}")
+    finally:
+        _kill(proc, trace)
+
+
 def _rank_pid(trace: Path, rank: int) -> int:
     """The pid of this job's rank ``rank`` (from /proc: its command line and environment)."""
     for p in Path("/proc").iterdir():
@@ -158,18 +173,7 @@ def test_a_collective_only_one_rank_issues_names_that_rank(tmp_path: Path) -> No
     proc = _start(
         trace, "--steps", "100000", "--lone-allreduce-rank", "2", "--stop-step", str(STOP_STEP)
     )
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            st = _stalls(trace, [0, 1, 2])  # rank 2 notes its wait in the metric allreduce
-            if len(st) == 3 and all(v for v in st.values()):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"no stall noted in 240 s: {_stalls(trace, [0, 1, 2])}")
-    finally:
-        _kill(proc, trace)
+    _hang_then_kill(proc, trace)  # rank 2 notes its wait in the metric allreduce
     a = analyze(open_run(trace))
     (h,) = a.hangs
     assert h["hung"] and h["step"] == STOP_STEP + 1
@@ -193,18 +197,7 @@ def test_a_rank_that_skips_a_collective_the_others_issue_is_named(tmp_path: Path
         trace, "--steps", "100000", "--metric-allreduce", "--skip-allreduce-rank", "1",
         "--stop-step", str(STOP_STEP),
     )  # fmt: skip
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            st = _stalls(trace, [0, 1, 2])
-            if len(st) == 3 and all(v for v in st.values()):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"no stall noted in 240 s: {_stalls(trace, [0, 1, 2])}")
-    finally:
-        _kill(proc, trace)
+    _hang_then_kill(proc, trace)
     a = analyze(open_run(trace))
     (h,) = a.hangs
     assert h["hung"] and h["skipped"] and h["step"] == STOP_STEP + 1, h
