@@ -55,7 +55,7 @@ MAX_MEMBERS: Final = 100_000
 
 _lock = threading.Lock()
 _installed = False
-#: The tracer whose :meth:`on_elastic_reset` the wrapped ``State.on_reset`` calls.
+#: The tracer the wrapped ``State`` methods report to (:func:`on_reset` and the others).
 _target: Any = None
 
 
@@ -100,16 +100,37 @@ class Membership:
         return [(self.workers[r], r, self.hosts.get(r, "?")) for r in sorted(self.workers)]
 
 
+@dataclass
+class ElasticState:
+    """What a tracer knows of the elastic job it is in: its stable ``worker`` id, the membership
+    generation, the next free worker id, its rank and the size now, the step of the last commit,
+    whether the state was restored to it, and when the job was interrupted (None: not now)."""
+
+    worker: int
+    gen: int
+    next_worker: int
+    rank: int
+    size: int
+    last_commit_step: int
+    restored: bool = False
+    interrupted_ns: int | None = None
+
+    @classmethod
+    def start(cls, m: Membership, rank: int, size: int) -> ElasticState:
+        """The state of a tracer that starts in membership ``m``."""
+        return cls(int(m.workers.get(rank, rank)), m.gen, m.next_worker, rank, size, m.start_step)
+
+
 def local_info(tracer: Any) -> dict[str, Any] | None:
     """What this rank sends to :func:`setup_gather`: None before it recorded (a new worker)."""
     if tracer is None:
         return None
     return {
         "run_id": str(tracer.rec.header.get("run_id")),
-        "worker": int(tracer.worker),
+        "worker": int(tracer.elastic.worker),
         "step": int(tracer.steps_done),
-        "gen": int(tracer.membership_gen),
-        "next_worker": int(tracer.next_worker),
+        "gen": int(tracer.elastic.gen),
+        "next_worker": int(tracer.elastic.next_worker),
     }
 
 
@@ -236,7 +257,7 @@ def _on_reset(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     tr = _target
     if tr is not None:
         try:
-            tr.on_elastic_reset()
+            on_reset(tr)
         except BaseException as exc:  # noqa: BLE001 - never into the elastic loop
             log.warning("hvtrace: following the elastic reset failed: %s", exc)
     return orig(state, *args, **kwargs)
@@ -248,7 +269,8 @@ def _on_commit(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     tr = _target
     if tr is not None:
         try:
-            tr.on_elastic_commit()
+            tr.elastic.last_commit_step = tr.steps_done  # the state is saved at this step
+            tr.elastic.restored = False
         except Exception:  # noqa: BLE001
             pass
     try:
@@ -256,7 +278,7 @@ def _on_commit(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     except BaseException:
         if tr is not None:
             try:
-                tr.on_elastic_interrupt(restored=False)
+                on_interrupt(tr, restored=False)
             except Exception:  # noqa: BLE001
                 pass
         raise
@@ -267,10 +289,86 @@ def _on_restore(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     tr = _target
     if tr is not None:
         try:
-            tr.on_elastic_interrupt(restored=True)
+            on_interrupt(tr, restored=True)
         except Exception:  # noqa: BLE001
             pass
     return orig(state, *args, **kwargs)
+
+
+def on_interrupt(tr: Any, restored: bool) -> None:
+    """The job was interrupted (a failure: ``restored``; or hosts changed at a commit): stop the
+    tracer's live detection at once (its next exchange would not match after the reset)."""
+    from hvtrace.record.timers import monotonic_ns
+
+    st = tr.elastic
+    if st.interrupted_ns is None:
+        st.interrupted_ns = monotonic_ns()
+    st.restored = st.restored or restored
+    live, tr.live = tr.live, None
+    if live is not None:
+        live.close()
+        log.warning("hvtrace: live straggler detection is off after an elastic reset")
+
+
+def on_reset(tr: Any) -> None:
+    """``State.on_reset()``, after Horovod was initialized again with the new workers: run the
+    collectives a joining worker runs (the clock handshake, the set-up gather), on every rank
+    whether or not it still records, then go on at the agreed step with a membership record
+    (and a ``hvtrace.reset`` user span from the end of the last step to now). Never raises: a
+    failure disables tracing with one warning."""
+    from hvtrace.record import collectives
+    from hvtrace.record.clocksync import handshake
+    from hvtrace.record.timers import monotonic_ns
+    from hvtrace.schema import KIND_CODE
+
+    on_interrupt(tr, restored=False)
+    st = tr.elastic
+    t_last = tr.step_start  # the end of the last completed step (host timer token)
+    step_at_reset = tr.steps_done
+    prev_rank, prev_size = st.rank, st.size
+    tr.drop_partial_step()
+    collectives.on_reset()
+    try:
+        _run_id, est = handshake(tr.hvd, tr.clock_rounds)
+        m = setup_gather(tr.hvd, local_info(tr))
+    except Exception as exc:  # noqa: BLE001 - Horovod failed again: the next reset retries
+        tr.fail(f"re-synchronising after an elastic reset: {type(exc).__name__}: {exc}")
+        return
+    rank, size = tr.hvd.rank(), tr.hvd.size()
+    replayed = max(0, step_at_reset - st.last_commit_step) if st.restored else 0
+    reset = {
+        "prev_rank": prev_rank,
+        "prev_size": prev_size,
+        "step": step_at_reset,
+        "commit_step": st.last_commit_step,
+        "restored": bool(st.restored),
+        "replayed_steps": replayed,
+        "last_step_end_ns": t_last if type(t_last) is int else None,
+        "interrupted_ns": st.interrupted_ns,
+    }
+    st.gen, st.next_worker, st.rank, st.size = m.gen, m.next_worker, rank, size
+    tr.steps_done = st.last_commit_step = m.start_step
+    st.restored, st.interrupted_ns = False, None
+    try:
+        now = monotonic_ns()
+        rec = tr.rec
+        rec.step = m.start_step
+        if rec.enabled:
+            if st.worker != m.workers.get(rank, st.worker):
+                log.warning("hvtrace: worker ids disagree after the reset")
+            rec.membership_events.append(m.record(rank, now, reset))
+            if prev_rank == 0 and rank == 0:  # the same reference clock as before
+                rec.add_clock(est)
+            if type(t_last) is int:
+                rec.add(KIND_CODE["user"], "hvtrace.reset", t_last, now, step=m.start_step)
+        tr.step_start, tr.step_cpu = tr.now(), tr.read()
+    except Exception as exc:  # noqa: BLE001
+        tr.fail(exc)
+    if rank == 0:
+        log.info(
+            "hvtrace: elastic reset: size %d -> %d, going on at step %d", prev_size, size,
+            m.start_step,
+        )  # fmt: skip
 
 
 def merge_membership(old: Any, new: Any) -> list[dict[str, Any]]:

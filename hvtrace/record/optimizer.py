@@ -299,14 +299,11 @@ class Tracer:
             membership = elastic.Membership(
                 0, 0, 0, {rank: str(header.get("host"))}, {rank: rank}, None, hvd.size()
             )
-        #: This process's stable id (the key of its file): its rank at the start, or the id it
-        #: was given when it joined an elastic job (:mod:`hvtrace.record.elastic`).
-        self.worker = int(membership.workers.get(rank, rank))
-        self.membership_gen = membership.gen
-        self.next_worker = membership.next_worker
-        self.cur_rank, self.cur_size = rank, hvd.size()
-        header["rank"] = self.worker
-        header["worker"] = self.worker
+        #: Elastic Horovod: this process's stable worker id (the key of its file) and what it
+        #: knows of the membership (:class:`hvtrace.record.elastic.ElasticState`).
+        self.elastic = elastic.ElasticState.start(membership, rank, hvd.size())
+        self.worker = self.elastic.worker
+        header["rank"] = header["worker"] = self.worker
         if membership.after_reset:  # the workers so far: ids 0 .. next_worker-1 (this one too)
             header["size"] = max(int(header["size"]), membership.next_worker, self.worker + 1)
         header["membership"] = membership.record(rank, monotonic_ns())
@@ -325,11 +322,6 @@ class Tracer:
         # they count steps so that the scheduled clock collectives stay in step on every rank.
         self.steps_done = membership.start_step
         self.rec.step = membership.start_step
-        #: Elastic Horovod (:mod:`hvtrace.record.elastic`): the step of the last commit, whether
-        #: the state was restored to it, and when the job was interrupted (None: not now).
-        self.last_commit_step = membership.start_step
-        self.restored = False
-        self.interrupted_ns: int | None = None
         self._finished = False
         self.meta: dict[Any, tuple[list, list, list]] = {}  # allreduce key -> names, bytes, dtypes
         self.rows: list = []
@@ -682,81 +674,8 @@ class Tracer:
         collectives.release(self)
         elastic.release(self)
 
-    # -- Elastic Horovod (hvtrace.record.elastic routes State's calls here) ---------------------
-    def on_elastic_commit(self) -> None:
-        """``State.commit()``: the state is saved at this step."""
-        self.last_commit_step = self.steps_done
-        self.restored = False
-
-    def on_elastic_interrupt(self, restored: bool) -> None:
-        """The job was interrupted (a failure: ``restored``; or hosts changed at a commit):
-        stop live detection at once (its next exchange would not match after the reset)."""
-        if self.interrupted_ns is None:
-            self.interrupted_ns = monotonic_ns()
-        self.restored = self.restored or restored
-        live, self.live = self.live, None
-        if live is not None:
-            live.close()
-            log.warning("hvtrace: live straggler detection is off after an elastic reset")
-
-    def on_elastic_reset(self) -> None:
-        """``State.on_reset()``, after Horovod was initialized again with the new workers: run
-        the collectives a joining worker runs (the clock handshake, the set-up gather), on every
-        rank whether or not it still records, then go on at the agreed step with a membership
-        record (and a ``hvtrace.reset`` user span from the end of the last step to now). Never
-        raises: a failure disables tracing with one warning."""
-        self.on_elastic_interrupt(restored=False)
-        t_last = self.step_start  # the end of the last completed step (host timer token)
-        step_at_reset = self.steps_done
-        prev_rank, prev_size = self.cur_rank, self.cur_size
-        self._drop_partial_step()
-        collectives.on_reset()
-        try:
-            _run_id, est = handshake(self.hvd, self.clock_rounds)
-            m = elastic.setup_gather(self.hvd, elastic.local_info(self))
-        except Exception as exc:  # noqa: BLE001 - Horovod failed again: the next reset retries
-            self.fail(f"re-synchronising after an elastic reset: {type(exc).__name__}: {exc}")
-            return
-        rank, size = self.hvd.rank(), self.hvd.size()
-        reset = {
-            "prev_rank": prev_rank,
-            "prev_size": prev_size,
-            "step": step_at_reset,
-            "commit_step": self.last_commit_step,
-            "restored": bool(self.restored),
-            "replayed_steps": max(0, step_at_reset - self.last_commit_step) if self.restored else 0,
-            "last_step_end_ns": t_last if type(t_last) is int else None,
-            "interrupted_ns": self.interrupted_ns,
-        }
-        self.membership_gen, self.next_worker = m.gen, m.next_worker
-        self.cur_rank, self.cur_size = rank, size
-        self.steps_done = self.last_commit_step = m.start_step
-        self.restored, self.interrupted_ns = False, None
-        try:
-            now = monotonic_ns()
-            rec = self.rec
-            rec.step = m.start_step
-            if rec.enabled:
-                if self.worker != m.workers.get(rank, self.worker):
-                    log.warning("hvtrace: worker ids disagree after the reset")
-                rec.membership_events.append(m.record(rank, now, reset))
-                if prev_rank == 0 and rank == 0:  # the same reference clock as before
-                    rec.add_clock(est)
-                if type(t_last) is int:
-                    rec.add(K_USER, "hvtrace.reset", t_last, now, step=m.start_step)
-            self.step_start, self.step_cpu = self.now(), self.read()
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        if rank == 0:
-            log.info(
-                "hvtrace: elastic reset: size %d -> %d, going on at step %d",
-                prev_size,
-                size,
-                m.start_step,
-            )
-
-    def _drop_partial_step(self) -> None:
-        """Forget the step the reset interrupted (its spans and allreduce handles)."""
+    def drop_partial_step(self) -> None:
+        """Forget the step an elastic reset interrupted (its spans and allreduce handles)."""
         self.rows, self.done_rows = [], []
         self.enqueued, self.done, self.poll_idx = [], [], 0
         self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
