@@ -42,6 +42,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from hvtrace.record.recorder import running_tracer
 from hvtrace.record.timers import monotonic_ns
 from hvtrace.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, FLAG_OWN, KIND_CODE, dtype_name
 
@@ -106,8 +107,6 @@ _REDUCE_NAMES = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
 
 _lock = threading.Lock()
 _installed = False
-#: The recorder collectives are recorded into and its tracer (the phase), set by :func:`install`.
-_target: Any = None
 
 
 class _Local(threading.local):
@@ -124,9 +123,9 @@ _op_names: dict[int, str] = {}
 
 
 def install(tracer: Any) -> None:
-    """Record the collectives of this process into ``tracer``'s recorder (wraps once)."""
-    global _target, _installed
-    _target = tracer
+    """Wrap Horovod's collectives (once): they are recorded into the running tracer's recorder
+    (:func:`hvtrace.record.recorder.running_tracer`: ``tracer``, until its finish)."""
+    global _installed
     with _lock:
         if _installed:
             return
@@ -156,12 +155,9 @@ def install(tracer: Any) -> None:
 
 
 def release(tracer: Any) -> None:
-    """Stop recording collectives into ``tracer`` (at its finish; the wrappers stay, passing
-    calls straight through) and forget the async handles still waiting."""
-    global _target
-    if _target is tracer:
-        _target = None
-        _pending.clear()
+    """At ``tracer``'s finish (it no longer runs: the wrappers pass calls straight through):
+    forget the async handles still waiting."""
+    _pending.clear()
 
 
 def on_reset() -> None:
@@ -177,7 +173,7 @@ def _depth() -> int:
 def _wrap(orig: Any, fn_name: str, family: str, blocking: bool, how: str) -> Any:
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        tr = _target
+        tr = running_tracer()
         if tr is None or not tr.rec.enabled or _depth():
             return orig(*args, **kwargs)
         try:
@@ -220,7 +216,7 @@ def _wrap_synchronize(orig: Any) -> Any:
     def synchronize(handle: Any) -> Any:
         if not _pending or type(handle) is not int or handle not in _pending:
             return orig(handle)
-        tr = _target
+        tr = running_tracer()
         try:
             t0 = monotonic_ns()
             c0 = _read(tr) if tr is not None else None
@@ -241,7 +237,7 @@ def _wrap_synchronize(orig: Any) -> Any:
                 c1 = _read(tr) if c0 is not None else None
                 _record(tr, item[1], item[0], t1, t1 - t0, c0, c1)
         except Exception as exc:  # noqa: BLE001
-            tr = _target
+            tr = running_tracer()
             if tr is not None:
                 tr.fail(f"recording synchronize: {type(exc).__name__}: {exc}")
         return out

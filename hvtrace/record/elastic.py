@@ -55,8 +55,6 @@ MAX_MEMBERS: Final = 100_000
 
 _lock = threading.Lock()
 _installed = False
-#: The tracer the wrapped ``State`` methods report to (:func:`on_reset` and the others).
-_target: Any = None
 
 
 @dataclass
@@ -208,10 +206,10 @@ def agree(everyone: list[Any]) -> Membership:
 
 
 def install(tracer: Any) -> None:
-    """Route Horovod's elastic resets, commits and restores to ``tracer`` (wraps once; a no-op
-    where Horovod has no elastic module)."""
-    global _target, _installed
-    _target = tracer
+    """Route Horovod's elastic resets, commits and restores to the running tracer
+    (:func:`hvtrace.record.recorder.running_tracer`: ``tracer``, until its finish; wraps once, a
+    no-op where Horovod has no elastic module)."""
+    global _installed
     with _lock:
         if _installed:
             return
@@ -230,11 +228,12 @@ def install(tracer: Any) -> None:
         _installed = True
 
 
-def release(tracer: Any) -> None:
-    """Stop routing resets to ``tracer`` (its finish); the wrappers stay and pass through."""
-    global _target
-    if _target is tracer:
-        _target = None
+def _running() -> Any:
+    """The running tracer (:func:`hvtrace.record.recorder.running_tracer`; imported here: the
+    recorder's writer imports this module)."""
+    from hvtrace.record.recorder import running_tracer
+
+    return running_tracer()
 
 
 def _wrap_method(cls: type, name: str, before: Any) -> None:
@@ -254,7 +253,7 @@ def _wrap_method(cls: type, name: str, before: Any) -> None:
 def _on_reset(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     """``State.on_reset``: hvtrace's re-synchronisation first (never raises), then Horovod's
     (which runs the job's reset callbacks)."""
-    tr = _target
+    tr = _running()
     if tr is not None:
         try:
             on_reset(tr)
@@ -266,7 +265,7 @@ def _on_reset(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
 def _on_commit(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     """``State.commit``: note the step the state was saved at, then commit (which may raise
     ``HostsUpdatedInterrupt``: the membership changes, a reset follows)."""
-    tr = _target
+    tr = _running()
     if tr is not None:
         try:
             tr.elastic.last_commit_step = tr.steps_done  # the state is saved at this step
@@ -286,7 +285,7 @@ def _on_commit(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _on_restore(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     """``ObjectState.restore``: the job failed and goes back to its last commit."""
-    tr = _target
+    tr = _running()
     if tr is not None:
         try:
             on_interrupt(tr, restored=True)

@@ -672,7 +672,6 @@ class Tracer:
             self.live.close()
         self.rec.close()
         collectives.release(self)
-        elastic.release(self)
 
     def drop_partial_step(self) -> None:
         """Forget the step an elastic reset interrupted (its spans and allreduce handles)."""

@@ -279,6 +279,14 @@ def active_tracer() -> Any:
     return rec.tracer if rec is not None else None
 
 
+def running_tracer() -> Any:
+    """Return the optimizer tracer of this process until its ``finish()``, else None: what the
+    wrappers of Horovod's collectives and elastic state report to (one registry for all)."""
+    rec = _active
+    tr = rec.tracer if rec is not None else None
+    return tr if tr is not None and not tr._finished else None
+
+
 class span:
     """Record a user span around a block or a function: ``with hvtrace.span("data"):``.
 
