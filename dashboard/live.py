@@ -75,7 +75,7 @@ class LiveFeed:
         look = self.follower.look()
         was_live = self.live
         if look.new_bytes == 0 and look.live == was_live and look.open_streams == self.open_streams:
-            self.quiet_s = look.quiet_s
+            self.quiet_s, self.error = look.quiet_s, ""  # looked fine: no failure to report
             return False
         a = self.follower.analyze(look)
         new = self.make(look, a)
