@@ -183,6 +183,19 @@ def run_job(
     return done
 
 
+def analyze_cli(*args: str | os.PathLike, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python -m hvtrace.cli analyze ARGS...`` as a user would (the repo importable, the
+    caller's ``HVTRACE*`` variables removed: :func:`job_env`); return the finished process."""
+    return subprocess.run(
+        [sys.executable, "-m", "hvtrace.cli", "analyze", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=job_env(),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
+
+
 def run_train(
     *train_args: str | os.PathLike,
     np: int = 2,

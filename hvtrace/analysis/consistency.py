@@ -128,18 +128,23 @@ def check(
             )
             for r in summary
         }
+
+        def distinct(col: str, what: str, limit: int) -> list[Any]:
+            """The first ``limit`` distinct values of ``col`` in the rows of kind ``what``."""
+            return [
+                v
+                for (v,) in con.execute(
+                    f"SELECT DISTINCT {col} FROM ({rows}) WHERE what = '{what}' "
+                    f"ORDER BY {col} LIMIT {limit}",
+                    params,
+                ).fetchall()
+            ]
+
         out: dict[str, Any] = {"checked": True}
         p = by_what.get("parameters")
         param_steps: list[int] = []
         if p is not None:
-            param_steps = [
-                int(s)
-                for (s,) in con.execute(
-                    f"SELECT DISTINCT step FROM ({rows}) WHERE what = 'parameters' "
-                    f"ORDER BY step LIMIT {MAX_STEPS_LISTED}",
-                    params,
-                ).fetchall()
-            ]
+            param_steps = [int(s) for s in distinct("step", "parameters", MAX_STEPS_LISTED)]
             out["parameters"] = {
                 "checks": int(p["steps"]),
                 "steps": param_steps,
@@ -155,14 +160,7 @@ def check(
         for what in ("values", "metrics"):
             if what not in by_what:
                 continue
-            names = [
-                str(n)
-                for (n,) in con.execute(
-                    f"SELECT DISTINCT name FROM ({rows}) WHERE what = '{what}' ORDER BY name "
-                    f"LIMIT {MAX_NAMES * 4}",
-                    params,
-                ).fetchall()
-            ]
+            names = [str(n) for n in distinct("name", what, MAX_NAMES * 4)]
             out[what] = {
                 "steps": int(by_what[what]["steps"]),
                 "names": [_display(n) for n in names],

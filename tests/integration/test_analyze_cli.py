@@ -7,13 +7,11 @@ forward stands out from the scheduling noise of a shared 2-core machine.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, describe, run_train
+from helpers import analyze_cli as _cli
+from helpers import describe, run_train
 
 from hvtrace.analysis import analyze
 from hvtrace.load import load_run
@@ -54,20 +52,6 @@ def test_balanced_run_names_nobody(balanced_run):
     # as contention only, never as a straggler in a phase.
     assert (a.stragglers["cause"] == "contention").all(), a.verdicts.to_string()
     assert not [f.message for f in a.findings if f.kind == "straggler"]
-
-
-def _cli(*args: str | os.PathLike) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT) + (
-        os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else ""
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "hvtrace.cli", "analyze", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
 
 
 def test_analyze_command_end_to_end(slow_run, tmp_path):

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_horovodrun, run_train, tail
+from helpers import analyze_cli, run_horovodrun, run_train, tail
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -78,12 +77,7 @@ def test_weights_changed_on_one_rank_are_named_at_the_next_check(perturbed: Path
 
 def test_analyze_command_reports_it_first_and_in_json(perturbed: Path, tmp_path: Path) -> None:
     js = tmp_path / "a.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "hvtrace.cli", "analyze", str(perturbed), "--json", str(js)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = analyze_cli(perturbed, "--json", js)
     assert p.returncode == 0, p.stderr
     head = p.stdout[: p.stdout.index("Where each step's time goes")]
     assert "! divergence at step 10" in head and "net.2.weight" in head, p.stdout

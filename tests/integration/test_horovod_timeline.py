@@ -10,12 +10,10 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_train, tail
+from helpers import analyze_cli, run_train, tail
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import open_run
@@ -82,21 +80,14 @@ def test_horovod_timeline_is_merged_with_negotiation_transfer_and_arrival(tmp_pa
     # the JSON and the report a user reads; a file that is not a timeline: one line, no merge
     shutil.copy(tl_file, tmp_path / "copy.json")
     js = tmp_path / "a.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "hvtrace.cli", "analyze", str(trace), "--json", str(js)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    p = analyze_cli(trace, "--json", js)
     assert p.returncode == 0, p.stderr
     assert "Horovod's timeline" in p.stdout and "negotiate" in p.stdout
     d = json.loads(js.read_text())["horovod_timeline"]
     assert d["merged"] and {"negotiate_ms", "transfer_ms"} <= set(d["tensors"][0])
     junk = tmp_path / "junk.json"
     junk.write_text("not json")
-    p = subprocess.run(
-        [sys.executable, "-m", "hvtrace.cli", "analyze", str(trace), "--horovod-timeline",
-         str(junk)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    p = analyze_cli(trace, "--horovod-timeline", junk)
     assert p.returncode == 0, p.stderr
     flat = " ".join(p.stdout.split())  # the report wraps at 80 columns
     assert "not merged: " in flat and "junk.json: not a Horovod timeline" in flat, p.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import REPO_ROOT, describe, job_env, run_horovodrun, tail
+from helpers import analyze_cli, describe, run_horovodrun, tail
 
 from hvtrace.analysis import analyze
 from hvtrace.load import Run, load_run
@@ -176,14 +176,7 @@ def test_step_phases_follow_each_other(traced: Job) -> None:
 
 def test_analyze_command(traced: Job, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "hvtrace.cli", "analyze", str(traced.trace_dir), "--json", out],
-        capture_output=True,
-        text=True,
-        env=job_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    p = analyze_cli(traced.trace_dir, "--json", out)
     assert p.returncode == 0, describe(p)
     d = json.loads(out.read_text())
     assert d["ranks"] == [0, 1]

@@ -13,13 +13,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_train, tail
+from helpers import analyze_cli, run_train, tail
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -77,12 +75,7 @@ def test_metric_allreduce_and_broadcast_object_are_named_with_phase_and_cost(
 
     # the JSON a user reads
     js = tmp_path / "a.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "hvtrace.cli", "analyze", str(trace), "--json", str(js)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = analyze_cli(trace, "--json", js)
     assert p.returncode == 0, p.stderr
     assert "Collectives outside the optimizer" in p.stdout
     rows = json.loads(js.read_text())["communication"]["outside_optimizer"]
