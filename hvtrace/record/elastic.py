@@ -257,7 +257,7 @@ def _on_reset(orig: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
     if tr is not None:
         try:
             on_reset(tr)
-        except BaseException as exc:  # noqa: BLE001 - never into the elastic loop
+        except Exception as exc:  # noqa: BLE001 - never into the elastic loop (a Ctrl-C goes on)
             log.warning("hvtrace: following the elastic reset failed: %s", exc)
     return orig(state, *args, **kwargs)
 
