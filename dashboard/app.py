@@ -169,6 +169,7 @@ class DashboardData:
     spans_per_rank_step: float = 20.0
     timeline_ranks: list[int] = field(default_factory=list)
     _heat_figures: dict[str, Any] = field(default_factory=dict, repr=False)
+    _figures: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.timeline_ranks:
@@ -254,6 +255,14 @@ class DashboardData:
             hosts=self.hosts,
             focus_step=None if focus is None else int(focus),
         )
+
+    def figure(self, name: str) -> Any:
+        """Return the first figure ``name`` of :meth:`figure_builders` but the timeline (whose
+        window changes), built once (every page and every live client gets the same)."""
+        fig = self._figures.get(name)
+        if fig is None:
+            fig = self._figures[name] = self.figure_builders()[name]()
+        return fig
 
     def figure_builders(self) -> dict[str, Any]:
         """Return {name: zero-argument builder} of the page's first figures."""
@@ -493,28 +502,24 @@ class _PageDash(Dash):
 def page_layout(data: DashboardData, live: dict[str, Any] | None = None) -> Any:
     """The page of ``data`` with its first figures (every heat-map metric made ahead, so a switch
     costs no binning); ``live``: :meth:`hvtrace_dashboard.live.LiveFeed.status` of a live run."""
-    built = {k: b() for k, b in data.figure_builders().items()}
-    for metric in data.heat:
-        data.heatmap(metric)
-    initial = {
-        "metric": next(iter(data.heat), ""),
-        "heatmap": built["heatmap"],
-        "timeline": built["timeline"],
-        "ratio_rank": built["ratio_rank"],
-        "ratio_steps": built["ratio_steps"],
-        "tensors": built["tensors"],
-        "start": data.initial_window(),
-        "size": data.initial_size(),
-        "focus": data.focus_step,
-    }
+    size = data.initial_size()
+    start, focus = data.initial_window(), data.focus_step
     if live is not None:
         from hvtrace_dashboard.live import REFRESH_MS
 
         live = dict(live, refresh_ms=REFRESH_MS)
         # a live page opens on the latest steps (the slowest step may be long past)
-        initial["start"] = max(0, data.last_step - initial["size"] + 1)
-        initial["focus"] = None
-        initial["timeline"] = data.timeline(initial["start"], initial["size"], None, None)
+        start, focus = max(0, data.last_step - size + 1), None
+    for metric in data.heat:
+        data.heatmap(metric)
+    initial = {
+        "metric": next(iter(data.heat), ""),
+        "timeline": data.timeline(start, size, None, focus),
+        **{k: data.figure(k) for k in ("heatmap", "ratio_rank", "ratio_steps", "tensors")},
+        "start": start,
+        "size": size,
+        "focus": focus,
+    }
     return build_layout(data, initial, live)
 
 

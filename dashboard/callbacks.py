@@ -136,7 +136,6 @@ def _register_live(app: Dash, feed: LiveFeed) -> None:
         shown = shown if isinstance(shown, dict) else {}
         if shown.get("version") == st["version"]:
             return (*line, *[no_update] * 9)
-        built = data.figure_builders()
         return (
             *line,
             {
@@ -148,8 +147,8 @@ def _register_live(app: Dash, feed: LiveFeed) -> None:
             finding_items(data),
             header_notes(data),
             straggler_table(data.stragglers, data.hosts),
-            built["ratio_rank"](),
-            built["ratio_steps"](),
-            built["tensors"](),
+            data.figure("ratio_rank"),
+            data.figure("ratio_steps"),
+            data.figure("tensors"),
             max(data.last_step, 0),
         )

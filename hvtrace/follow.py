@@ -32,8 +32,6 @@ from hvtrace.load import (
     RankFile,
     Run,
     _apply_status,
-    _fb_field,
-    _fb_ref,
     _parse_status,
     _problem,
     _start_clock,
@@ -41,6 +39,7 @@ from hvtrace.load import (
     file_schema,
     find_trace_files,
     implausible,
+    message_info,
     open_run,
     unclosed_problem,
     with_all_columns,
@@ -88,16 +87,6 @@ class _Feed:
 
     def close(self) -> None:
         self.closed = True
-
-
-def _message_info(meta: bytes) -> tuple[int, int]:
-    """``(header type, body length)`` of an IPC message's flatbuffer metadata."""
-    root = _fb_ref(meta, 0)
-    pos = _fb_field(meta, root, 1)
-    kind = meta[pos] if pos is not None else 0
-    pos = _fb_field(meta, root, 3)
-    body = int.from_bytes(meta[pos : pos + 8], "little", signed=True) if pos is not None else 0
-    return kind, body
 
 
 class StreamTail:
@@ -185,7 +174,7 @@ class StreamTail:
                 break
             meta = bytes(buf[pos + 8 : pos + 8 + meta_len])
             try:
-                kind, body_len = _message_info(meta)
+                kind, body_len = message_info(meta)
             except IndexError:
                 self._stop("malformed message metadata")
                 break

@@ -634,6 +634,18 @@ def _fb_ref(buf: bytes, pos: int) -> int:
     return pos + int.from_bytes(buf[pos : pos + 4], "little")
 
 
+def message_info(metadata: bytes) -> tuple[int, int]:
+    """``(header type, body length)`` of an Arrow IPC message's flatbuffer metadata (Message:
+    ``header_type``, ``bodyLength``; 1 schema, 2 dictionary batch, 3 record batch). Raises
+    IndexError when the metadata is too short for what it claims."""
+    root = _fb_ref(metadata, 0)
+    pos = _fb_field(metadata, root, 1)
+    kind = metadata[pos] if pos is not None else 0
+    pos = _fb_field(metadata, root, 3)
+    body = int.from_bytes(metadata[pos : pos + 8], "little", signed=True) if pos is not None else 0
+    return kind, body
+
+
 def message_claims(metadata: bytes, body: Any) -> tuple[int, int] | None:
     """``(rows, bytes)`` that an Arrow IPC record batch or dictionary message will expand to,
     read from its flatbuffer metadata and the uncompressed-length prefix of each compressed
@@ -643,9 +655,8 @@ def message_claims(metadata: bytes, body: Any) -> tuple[int, int] | None:
     ``buffers``, ``compression``; the layout of Arrow's Message.fbs)."""
     buf = bytes(metadata)
     try:
+        header_type, _ = message_info(buf)
         root = _fb_ref(buf, 0)
-        pos = _fb_field(buf, root, 1)
-        header_type = buf[pos] if pos is not None else 0
         pos = _fb_field(buf, root, 2)
         if header_type not in (2, 3) or pos is None:  # 2: DictionaryBatch, 3: RecordBatch
             return None
