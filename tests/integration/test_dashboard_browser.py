@@ -121,6 +121,25 @@ def _wait(driver, js: str, *args, timeout: float = 90, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _settled(driver, graph: str, quiet_s: float = 0.6, timeout: float = 30) -> None:
+    """Wait until ``graph`` (a JS expression) keeps its size and place for ``quiet_s``: the page
+    may still grow (a scroll bar appears and plotly resizes), which would move a measured click."""
+    js = (
+        f"const g={graph}, r=g && g.getBoundingClientRect(); "
+        "return g && g._fullLayout ? [r.left, r.top, r.width, r.height, g._fullLayout.width] : null"
+    )
+    t0 = time.monotonic()
+    last, since = None, time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        now = driver.execute_script(js)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now is not None and time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{graph} did not keep its size for {quiet_s} s within {timeout:.0f} s")
+
+
 #: JS: the bars of a timeline graph as plotly drew them (each bar's middle point and its hover
 #: data: kind, name, rank, step), read from the graph's full data.
 _BARS = (
@@ -216,6 +235,8 @@ def test_dashboard_in_chromium(server, driver, run_dir):
     if shown - 3 <= target <= shown + 5:  # a window of 3 around it would overlap this one
         target = int(steps[0]) + 1
     heat = driver.find_element(By.CSS_SELECTOR, "#heatmap .js-plotly-plot .nsewdrag")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", heat)
+    _settled(driver, _graph("heatmap"))
     px = driver.execute_script(
         f"""const g={_graph("heatmap")}, xa=g._fullLayout.xaxis, ya=g._fullLayout.yaxis;
         const r=arguments[1].getBoundingClientRect();
@@ -226,7 +247,6 @@ def test_dashboard_in_chromium(server, driver, run_dir):
         heat,
     )
     dx, dy = px[0] - px[2] / 2, px[1] - px[3] / 2  # offsets from the element's centre
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", heat)
     ActionChains(driver).move_to_element_with_offset(heat, int(dx), int(dy)).click().perform()
     title = _wait(
         driver,
@@ -332,6 +352,7 @@ def test_big_run_is_binned_and_the_timeline_is_a_window(big_server, driver):
     # a click on the straggler's row in a binned column opens that bin's worst step
     heat = driver.find_element(By.CSS_SELECTOR, "#heatmap .js-plotly-plot .nsewdrag")
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", heat)
+    _settled(driver, hm)
     col = 200
     px = driver.execute_script(
         f"""const g={hm}, xa=g._fullLayout.xaxis, ya=g._fullLayout.yaxis, t=g._fullData[0];
