@@ -32,6 +32,12 @@ tensor (names, bytes and dtype are looked up once per tensor, on its first allre
 wrapper records only after the wrapped call has done its work, and catches everything of its
 own: a failure inside hvtrace disables tracing with one warning; exceptions of Horovod or of the
 user's code pass through unchanged.
+
+The set-up is elsewhere: the options, Horovod's internals, the timer, the header and the recorder
+in :mod:`hvtrace.record.opening`, the clock handshake in :mod:`hvtrace.record.clocksync`, the
+membership under Elastic Horovod in :mod:`hvtrace.record.elastic`. :class:`Tracer` assigns its
+state, installs its wrappers, and then has the hot path in one block (per allreduce, per phase
+boundary, per step), followed by what runs off it.
 """
 
 from __future__ import annotations
@@ -39,20 +45,16 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hvtrace import settings
-from hvtrace.clock import ClockEstimate
 from hvtrace.record import collectives, consistency, elastic, hvdpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
-from hvtrace.record.cpustat import ThreadCounters
-from hvtrace.record.header import build_header
-from hvtrace.record.recorder import DEFAULT_BUFFER_SPANS, Recorder
+from hvtrace.record.opening import Recording, open_recording, trace_options
 from hvtrace.record.rows import Allreduces, handle_of
-from hvtrace.record.timers import make_timer, monotonic_ns
+from hvtrace.record.timers import monotonic_ns
 from hvtrace.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
 
 log = logging.getLogger("hvtrace")
@@ -77,37 +79,11 @@ _Tensor: Any = None  # torch.Tensor, once a Tracer exists
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
 CLOCK_RESYNC_FIRST = 1000
 CLOCK_RESYNC_EVERY = 5000
-DEFAULT_TRACE_DIR = "hvtrace-trace"
 
 
 def tracing_enabled() -> bool:
     """Return False when the environment turns recording off (``HVTRACE=0``)."""
     return settings.tracing_enabled()
-
-
-@dataclass(frozen=True)
-class TraceOptions:
-    """Where and how a rank records: arguments, else ``HVTRACE_*`` settings, else defaults."""
-
-    trace_dir: str | os.PathLike
-    flush_interval_s: float
-    buffer_spans: int
-    clock_rounds: int
-
-
-def trace_options(
-    trace_dir: str | os.PathLike | None,
-    flush_interval_s: float | None,
-    buffer_spans: int | None,
-    clock_rounds: int,
-) -> TraceOptions:
-    """Resolve the options from the arguments and the environment (``hvtrace.settings``)."""
-    return TraceOptions(
-        settings.trace_dir(trace_dir, DEFAULT_TRACE_DIR),
-        settings.flush_interval_s(flush_interval_s),
-        settings.buffer_spans(buffer_spans),
-        clock_rounds,
-    )
 
 
 def DistributedOptimizer(
@@ -220,10 +196,17 @@ def trace_optimizer(
         return None
     if membership.run_id is not None:  # joining a running elastic job: its run, its steps
         run_id = membership.run_id
+    recording = None
     try:
-        tracer = Tracer(dist, model, hvd, run_id, clock, opts, membership)
+        recording = open_recording(dist, model, hvd, run_id, clock, opts, membership)
+        tracer = Tracer(dist, model, hvd, recording, opts.clock_rounds)
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: could not start tracing ({type(exc).__name__}: {exc}); not tracing")
+        if recording is not None:  # the file stays, closed, with what was written
+            try:
+                recording.rec.close()
+            except Exception:  # noqa: BLE001
+                pass
         return None
     if tracer.rec.enabled and hvd.rank() == 0:
         log.info("hvtrace: recording run %s into %s", run_id, Path(opts.trace_dir).resolve())
@@ -255,7 +238,8 @@ def finish(sync_clock: bool = True) -> None:
 
 
 class Tracer:
-    """Attaches a :class:`Recorder` to one Horovod distributed optimizer instance.
+    """Attaches a :class:`~hvtrace.record.recorder.Recorder` to one Horovod distributed optimizer
+    instance (set up by :func:`~hvtrace.record.opening.open_recording`).
 
     Per step it keeps the timer tokens and counter readings of the phase boundaries (``*_start``
     / ``*_cpu``), the step's spans so far (``rows``), and the allreduces of the current
@@ -263,65 +247,30 @@ class Tracer:
     """
 
     def __init__(
-        self,
-        dist: Any,
-        model: Any,
-        hvd: Any,
-        run_id: str,
-        clock: ClockEstimate,
-        opts: TraceOptions,
-        membership: elastic.Membership | None = None,
+        self, dist: Any, model: Any, hvd: Any, recording: Recording, clock_rounds: int
     ) -> None:
+        """Trace ``dist`` (and ``model``, or None) with what :func:`open_recording` set up."""
         import torch
-        from horovod.torch import mpi_ops
 
         global _Tensor
         _Tensor = torch.Tensor
-        self.dist, self.hvd, self.clock_rounds = dist, hvd, opts.clock_rounds
-        self._handle_map = mpi_ops._handle_map
-        # Horovod's poll without its Python wrapper: nonzero once the handle's op is done
-        lib = getattr(mpi_ops, "mpi_lib", None)
-        self._poll = getattr(lib, "horovod_torch_poll", None) or mpi_ops.poll
+        self.dist, self.hvd, self.clock_rounds = dist, hvd, clock_rounds
+        self._handle_map, self._poll = recording.handle_map, recording.poll
         self._grad_enabled = torch.is_grad_enabled
-        params = [p for g in dist.param_groups for p in g["params"] if p.requires_grad]
-        device = params[0].device if params else torch.device("cpu")
-        self.timer = make_timer(device)
+        self.timer = recording.timer
         self.is_cuda = bool(self.timer.is_cuda)
         self.flags = self.timer.flags
         self.ar_flags = self.flags | FLAG_END_UPPER_BOUND
         self.now = self.timer.now
-        counters = ThreadCounters()  # this thread trains: it calls step()
-        header = build_header(
-            hvd, dist, model, run_id, clock, params, device, self.timer, counters.mode
-        )
-        rank = hvd.rank()
-        if membership is None:
-            membership = elastic.Membership(
-                0, 0, 0, {rank: str(header.get("host"))}, {rank: rank}, None, hvd.size()
-            )
         #: Elastic Horovod: this process's stable worker id (the key of its file) and what it
         #: knows of the membership (:class:`hvtrace.record.elastic.ElasticState`).
-        self.elastic = elastic.ElasticState.start(membership, rank, hvd.size())
+        self.elastic = recording.elastic
         self.worker = self.elastic.worker
-        header["rank"] = header["worker"] = self.worker
-        if membership.after_reset:  # the workers so far: ids 0 .. next_worker-1 (this one too)
-            header["size"] = max(int(header["size"]), membership.next_worker, self.worker + 1)
-        header["membership"] = membership.record(rank, monotonic_ns())
-        self.rec = Recorder(
-            opts.trace_dir,
-            header,
-            timer=self.timer,
-            buffer_spans=opts.buffer_spans or DEFAULT_BUFFER_SPANS,
-            flush_interval_s=opts.flush_interval_s,
-            counters=counters,
-        )
-        # taken after the recorder: one that failed to start closed the counters, and their
-        # reader is then a no-op (the old one would read a closed, perhaps reused, descriptor)
-        self.read = counters.read
+        self.rec, self.read = recording.rec, recording.read
         # Even when the file could not be opened (recording disabled), the wrappers are installed:
         # they count steps so that the scheduled clock collectives stay in step on every rank.
-        self.steps_done = membership.start_step
-        self.rec.step = membership.start_step
+        self.steps_done = recording.start_step
+        self.rec.step = recording.start_step
         self._finished = False
         self.meta: dict[Any, tuple[list, list, list]] = {}  # allreduce key -> names, bytes, dtypes
         self.rows: list = []
@@ -372,50 +321,6 @@ class Tracer:
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
             self._hooks.append(model.register_forward_hook(self._fwd_post))
-
-    def start_horovod_timeline(self, trace_dir: Path, run_id: str) -> None:
-        """Start Horovod's timeline into ``trace_dir/horovod-timeline-RUNID.json`` (Horovod's
-        rank 0 writes it); a warning, never an error, when Horovod refuses. Only rank 0 starts
-        it: Horovod's coordinator writes the file, with every rank's readiness in it."""
-        if self.hvd.rank() != 0:
-            return
-        path = trace_dir / horovod_timeline_name(run_id)
-        if os.path.lexists(path):  # never replace a file hvtrace did not create
-            _warn(f"hvtrace: {path} exists; not starting Horovod's timeline")
-            return
-        try:
-            self.hvd.start_timeline(str(path), mark_cycles=settings.horovod_timeline_cycles())
-        except Exception as exc:  # noqa: BLE001 - Horovod's timeline is optional
-            _warn(
-                f"hvtrace: Horovod's timeline not started ({exc}); set HOROVOD_TIMELINE=DYNAMIC "
-                "before hvd.init() (HVTRACE_HOROVOD_TIMELINE=1 does it when hvtrace is imported "
-                "first)"
-            )
-            return
-        self.horovod_timeline = path
-
-    def phase_now(self) -> str:
-        """The step phase the training thread is in now, for a collective issued now:
-        ``outside`` (before the first step's work), ``input``, ``forward``, ``backward`` (up to
-        ``synchronize``), ``compute`` (without ``model=``), ``wait`` or ``update`` (after the
-        gradients were synchronized)."""
-        if self.in_sync:
-            return "wait"
-        if self.fwd_start is not None:
-            return "forward"
-        if self.compute_closed:
-            return "update"
-        if self.fwd_count:
-            return "backward"
-        if self.rec.step == 0 and self.last_grad is None and not self.rec.between_steps:
-            return "outside"
-        if not self.has_model:
-            return "compute"
-        return "input"
-
-    def fail(self, exc: BaseException | str) -> None:
-        """Disable tracing after an internal error (one warning); training goes on."""
-        self.rec.fail(exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
 
     # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
@@ -601,13 +506,11 @@ class Tracer:
             end = self.last_grad if self.last_grad is not None else t
             self._span(K_COMPUTE, "compute", self.step_start, end, self.step_cpu, c, self.flags)
 
-    def _flush_rows(self) -> None:
-        """Hand the step's spans to the recorder (one call per step)."""
-        rows, self.rows = self.rows, []
-        if rows:
-            self.rec.extend(rows)
+    # -- off the hot path: failure, a first allreduce, step count, clock; then the rest --------
+    def fail(self, exc: BaseException | str) -> None:
+        """Disable tracing after an internal error (one warning); training goes on."""
+        self.rec.fail(exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
 
-    # -- set-up off the hot path ---------------------------------------------------------------
     def _learn(self, key: Any, arg: Any, handle_ctx: Any) -> None:
         """Note the names, bytes and dtypes of the tensors an allreduce sends (its first time)."""
         params = tuple(arg) if type(key) is tuple else (arg,)
@@ -647,6 +550,64 @@ class Tracer:
             self.rec.add_clock(est)
             self.rec.add(K_USER, "hvtrace.clock_sync", t0, monotonic_ns())
 
+    def start_horovod_timeline(self, trace_dir: Path, run_id: str) -> None:
+        """Start Horovod's timeline into ``trace_dir/horovod-timeline-RUNID.json`` (Horovod's
+        rank 0 writes it); a warning, never an error, when Horovod refuses. Only rank 0 starts
+        it: Horovod's coordinator writes the file, with every rank's readiness in it."""
+        if self.hvd.rank() != 0:
+            return
+        path = trace_dir / horovod_timeline_name(run_id)
+        if os.path.lexists(path):  # never replace a file hvtrace did not create
+            _warn(f"hvtrace: {path} exists; not starting Horovod's timeline")
+            return
+        try:
+            self.hvd.start_timeline(str(path), mark_cycles=settings.horovod_timeline_cycles())
+        except Exception as exc:  # noqa: BLE001 - Horovod's timeline is optional
+            _warn(
+                f"hvtrace: Horovod's timeline not started ({exc}); set HOROVOD_TIMELINE=DYNAMIC "
+                "before hvd.init() (HVTRACE_HOROVOD_TIMELINE=1 does it when hvtrace is imported "
+                "first)"
+            )
+            return
+        self.horovod_timeline = path
+
+    def phase_now(self) -> str:
+        """The step phase the training thread is in now, for a collective issued now:
+        ``outside`` (before the first step's work), ``input``, ``forward``, ``backward`` (up to
+        ``synchronize``), ``compute`` (without ``model=``), ``wait`` or ``update`` (after the
+        gradients were synchronized)."""
+        if self.in_sync:
+            return "wait"
+        if self.fwd_start is not None:
+            return "forward"
+        if self.compute_closed:
+            return "update"
+        if self.fwd_count:
+            return "backward"
+        if self.rec.step == 0 and self.last_grad is None and not self.rec.between_steps:
+            return "outside"
+        if not self.has_model:
+            return "compute"
+        return "input"
+
+    def drop_partial_step(self) -> None:
+        """Forget the step an elastic reset interrupted (its spans and allreduce handles)."""
+        self.rows, self.done_rows = [], []
+        self.enqueued, self.done, self.poll_idx = [], [], 0
+        self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
+        self.sync_exit = self.sync_cpu = self.last_grad = None
+        self.fwd_count = 0
+        self.compute_closed = self.in_sync = False
+        self.in_collective = None
+        self.rec.micro = 0
+        self.rec.between_steps = False
+
+    def _flush_rows(self) -> None:
+        """Hand the step's spans to the recorder (one call per step)."""
+        rows, self.rows = self.rows, []
+        if rows:
+            self.rec.extend(rows)
+
     def finish(self, sync_clock: bool = True) -> None:
         """Estimate the clocks a last time (collective), then flush and close the trace file."""
         if sync_clock and not self._finished:
@@ -672,18 +633,6 @@ class Tracer:
             self.live.close()
         self.rec.close()
         collectives.release(self)
-
-    def drop_partial_step(self) -> None:
-        """Forget the step an elastic reset interrupted (its spans and allreduce handles)."""
-        self.rows, self.done_rows = [], []
-        self.enqueued, self.done, self.poll_idx = [], [], 0
-        self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
-        self.sync_exit = self.sync_cpu = self.last_grad = None
-        self.fwd_count = 0
-        self.compute_closed = self.in_sync = False
-        self.in_collective = None
-        self.rec.micro = 0
-        self.rec.between_steps = False
 
 
 def _start_live(tracer: Tracer, setup: tuple[int, dict[int, str]] | None, clock: Any) -> None:
