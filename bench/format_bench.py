@@ -533,15 +533,24 @@ def hot_path(out_dir: Path, calls: int, repeats: int) -> dict[str, float]:
 #: Horovod's background cycle, so its CPU time per step is quantized by the cycle (1 ms by
 #: default); a short cycle makes the difference between the arms hvtrace's own work.
 CHILD_CYCLE_TIME_MS = "0.01"
+#: The tracer child's polling interval override (``--baseline-poll-ns``), read by the child.
+POLL_ENV = "HVTRACE_BENCH_POLL_NS"
 
 
 def _run_tracer_child(
-    tensors: int, steps: int, trace_dir: Path, timeout_s: float, src: str | None = None
+    tensors: int,
+    steps: int,
+    trace_dir: Path,
+    timeout_s: float,
+    src: str | None = None,
+    poll_ns: int | None = None,
 ) -> dict:
     """Run :func:`_tracer_child` in a child process (one-rank Horovod); return its figures.
 
     ``src``: a source tree whose ``hvtrace`` the child imports (first on ``PYTHONPATH``), to
     measure another version of the Tracer (``--baseline-src``) with the same child code.
+    ``poll_ns``: the child's ``POLL_MIN_INTERVAL_NS`` (how often the Tracer polls in-flight
+    allreduces while gradients arrive), else the tree's own.
     """
     spec = {"tensors": tensors, "steps": steps, "trace_dir": str(trace_dir)}
     cmd = [sys.executable, os.path.abspath(__file__), "--_tracer-child", json.dumps(spec)]
@@ -553,6 +562,8 @@ def _run_tracer_child(
     )
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
+    if poll_ns is not None:
+        env[POLL_ENV] = str(int(poll_ns))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"tracer child failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
@@ -576,6 +587,7 @@ def tracer_cost(
     timeout_s: float,
     baseline_src: str | None = None,
     rounds: int = 1,
+    baseline_poll_ns: int | None = None,
 ) -> dict[str, Any]:
     """The real Tracer's added main-thread CPU, split into per-allreduce and per-step parts.
 
@@ -584,7 +596,8 @@ def tracer_cost(
     per allreduce, its intercept the cost per step (the step/input/forward/backward/wait/update
     spans, hooks and per-step bookkeeping). With ``baseline_src`` the same children also run
     with the ``hvtrace`` of that tree, alternating with this tree's in each of ``rounds`` rounds;
-    the figures are the medians over the rounds.
+    the figures are the medians over the rounds. ``baseline_poll_ns``: the baseline arm's
+    polling interval (with ``baseline_src`` this tree, the cost of polling itself).
     """
     arms = (
         {"current": None} if baseline_src is None else {"current": None, "baseline": baseline_src}
@@ -596,8 +609,9 @@ def tracer_cost(
         order = list(arms.items())
         for name, src in order if r % 2 == 0 else order[::-1]:
             d = trace_dir / f"{name}{r}"
-            lo = _run_tracer_child(tensors_lo, steps, d / "lo", timeout_s, src)
-            hi = _run_tracer_child(tensors_hi, steps, d / "hi", timeout_s, src)
+            poll = baseline_poll_ns if name == "baseline" else None
+            lo = _run_tracer_child(tensors_lo, steps, d / "lo", timeout_s, src, poll)
+            hi = _run_tracer_child(tensors_hi, steps, d / "hi", timeout_s, src, poll)
             runs[name].append([lo, hi])
             per[name].append(_cost(lo, hi))
             excl[name].append(_cost(lo, hi, "added_excl_wait_us"))
@@ -621,7 +635,7 @@ def tracer_cost(
         if name == "current":
             out.update(fig)
         else:
-            out["baseline"] = dict(fig, src=str(baseline_src))
+            out["baseline"] = dict(fig, src=str(baseline_src), poll_ns=baseline_poll_ns)
     return out
 
 
@@ -643,6 +657,10 @@ def _tracer_child(spec: dict[str, Any]) -> dict[str, float]:
 
     import hvtrace
 
+    if os.environ.get(POLL_ENV):
+        import hvtrace.record.optimizer as traced
+
+        traced.POLL_MIN_INTERVAL_NS = int(os.environ[POLL_ENV])
     hvd.init()
     torch.set_num_threads(1)
     k, steps = int(spec["tensors"]), int(spec["steps"])
@@ -780,6 +798,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tracer-rounds", type=int, default=1, help="Tracer cost rounds (median over rounds)"
     )
+    p.add_argument(
+        "--baseline-poll-ns",
+        type=int,
+        default=None,
+        help="the baseline arm's Tracer polls in-flight allreduces at most this often (ns); "
+        "with --baseline-src . and 10**12: what polling costs",
+    )
     p.add_argument("--workdir", default=None, help="where to write files (default: a temp dir)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--_tracer-child", default=None, help=argparse.SUPPRESS)
@@ -857,6 +882,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     timeout_s=1800,
                     baseline_src=args.baseline_src,
                     rounds=args.tracer_rounds,
+                    baseline_poll_ns=args.baseline_poll_ns,
                 )
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
                 log.warning("Tracer per-allreduce cost not measured: %s", exc)
@@ -969,7 +995,11 @@ def print_tables(res: dict[str, Any]) -> None:
 
 def print_tracer(tr: dict[str, Any]) -> None:
     """Print the Tracer cost (and the baseline's, when measured)."""
-    arms = [("this tree", tr)] + ([("baseline", tr["baseline"])] if "baseline" in tr else [])
+    base = tr.get("baseline")
+    name = "baseline"
+    if base is not None and base.get("poll_ns") is not None:
+        name += f" (polls at most every {base['poll_ns'] / 1e3:g} µs)"
+    arms = [("this tree", tr)] + ([(name, base)] if base is not None else [])
     hi = tr["runs"][1]
     print(
         f"\nReal Tracer path, one-rank Horovod (cycle time {tr['horovod_cycle_time_ms']:g} "

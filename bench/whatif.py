@@ -73,7 +73,7 @@ def analyzed(run_dir: Path) -> dict:
         "stragglers": [int(r) for r in st["rank"]],
         "phase": [str(p) for p in st["phase"]],
         "lost_ms_per_step": [float(x) for x in st["lost_ms_per_step"]],
-        "late_max_ms": float(a.per_rank["late_ms"].max()),
+        "late_max_ms": float(a.per_rank["lateness_ms"].max()),
     }
 
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.steps} steps, width {args.width}"
           f"{'; each rank pinned to a core' if args.pin else ''})")  # fmt: skip
     print("clean late ms: in the clean run, the latest rank's median lateness behind each step's"
-          " first arrival (the report's late_ms): a spread the replay, which sets the straggler to"
+          " first arrival (per_rank lateness_ms): a spread the replay, which sets the straggler to"
           " the other ranks' median, does not keep")  # fmt: skip
     print(f"{'ranks':>5} {'phase':<9} {'slowed ms':>9} {'lost ms':>8} {'predicted':>9} "
           f"{'clean ms':>9} {'error':>7}  goal ±{GOAL:.0%}  {'clean late':>10}  named")  # fmt: skip
