@@ -11,6 +11,7 @@ lost it reports, and whether the prediction is within the goal (10 %) of the mea
 
     .venv/bin/python bench/whatif.py                         # 2 and 4 ranks, input and backward
     .venv/bin/python bench/whatif.py --np 2 --phases input --rounds 1 --steps 40
+    .venv/bin/python bench/whatif.py --np 2 --pin            # each rank on its own core
 
 On this 2-core machine 4 ranks share 2 cores: a sleeping straggler frees a core for the others,
 so the slowed run's other ranks may be faster than in the clean run (the replay cannot know).
