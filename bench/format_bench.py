@@ -533,8 +533,6 @@ def hot_path(out_dir: Path, calls: int, repeats: int) -> dict[str, float]:
 #: Horovod's background cycle, so its CPU time per step is quantized by the cycle (1 ms by
 #: default); a short cycle makes the difference between the arms hvtrace's own work.
 CHILD_CYCLE_TIME_MS = "0.01"
-#: The tracer child's polling interval override (``--baseline-poll-ns``), read by the child.
-POLL_ENV = "HVTRACE_BENCH_POLL_NS"
 
 
 def _run_tracer_child(
@@ -549,8 +547,8 @@ def _run_tracer_child(
 
     ``src``: a source tree whose ``hvtrace`` the child imports (first on ``PYTHONPATH``), to
     measure another version of the Tracer (``--baseline-src``) with the same child code.
-    ``poll_ns``: the child's ``POLL_MIN_INTERVAL_NS`` (how often the Tracer polls in-flight
-    allreduces while gradients arrive), else the tree's own.
+    ``poll_ns``: the child's ``$HVTRACE_POLL_US``, in ns (how often the Tracer polls in-flight
+    allreduces while gradients arrive), else the default.
     """
     spec = {"tensors": tensors, "steps": steps, "trace_dir": str(trace_dir)}
     cmd = [sys.executable, os.path.abspath(__file__), "--_tracer-child", json.dumps(spec)]
@@ -563,7 +561,7 @@ def _run_tracer_child(
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
     if poll_ns is not None:
-        env[POLL_ENV] = str(int(poll_ns))
+        env["HVTRACE_POLL_US"] = f"{poll_ns / 1e3:g}"
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"tracer child failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
@@ -657,10 +655,6 @@ def _tracer_child(spec: dict[str, Any]) -> dict[str, float]:
 
     import hvtrace
 
-    if os.environ.get(POLL_ENV):
-        import hvtrace.record.optimizer as traced
-
-        traced.POLL_MIN_INTERVAL_NS = int(os.environ[POLL_ENV])
     hvd.init()
     torch.set_num_threads(1)
     k, steps = int(spec["tensors"]), int(spec["steps"])
@@ -802,8 +796,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--baseline-poll-ns",
         type=int,
         default=None,
-        help="the baseline arm's Tracer polls in-flight allreduces at most this often (ns); "
-        "with --baseline-src . and 10**12: what polling costs",
+        help="the baseline arm's Tracer polls in-flight allreduces at most this often (ns, "
+        "as $HVTRACE_POLL_US; at most 10**9); with --baseline-src . and 10**9: what polling costs",
     )
     p.add_argument("--workdir", default=None, help="where to write files (default: a temp dir)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")

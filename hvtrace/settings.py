@@ -55,10 +55,18 @@ LIVE_EVERY: Final = Setting(
     1e9,
     "steps per window of live straggler detection (0: off); rank 0's value is used by all",
 )
+POLL_US: Final = Setting(
+    "HVTRACE_POLL_US",
+    200.0,
+    0.0,
+    1e6,
+    "µs between looks at the in-flight allreduces while gradients arrive (larger: cheaper, an "
+    "allreduce that completes during the backward is dated later; 0: at every gradient)",
+)
 #: Every numeric setting, by environment variable (the on/off ones and ``HVTRACE_DIR`` are
 #: parsed below).
 SETTINGS: Final = {
-    s.env: s for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY)
+    s.env: s for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY, POLL_US)
 }
 
 _OFF: Final = {"0", "false", "off", "no"}
@@ -181,3 +189,12 @@ def live_every(explicit: int | None = None) -> int:
     """Steps per window of live straggler detection (:mod:`hvtrace.record.live`): ``explicit``,
     else ``$HVTRACE_LIVE_EVERY``, else 100; 0 turns it off; bounded to 0..10**9."""
     return _value(LIVE_EVERY, explicit, int)
+
+
+def poll_interval_ns(explicit: float | None = None) -> int:
+    """How often (ns) the tracer looks at the in-flight allreduces while gradients arrive:
+    ``explicit`` (µs), else ``$HVTRACE_POLL_US``, else 200 µs; bounded to 0..1 s. The looks cost
+    the training thread time per allreduce (``bench/format_bench.py --baseline-poll-ns``); an
+    allreduce that completes during the backward is dated at the first gradient after it, the
+    looks no closer together than this (at ``synchronize()`` when this is longer)."""
+    return int(_value(POLL_US, explicit, float) * 1000)

@@ -70,10 +70,6 @@ K_USER = KIND_CODE["user"]
 _NAN = math.nan
 _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
 
-#: While gradients are being enqueued, in-flight allreduces are polled for completion at most this
-#: often (host timer): a completion is seen within about this long of happening, or at
-#: ``synchronize``, and a model with hundreds of small tensors does not poll once per tensor.
-POLL_MIN_INTERVAL_NS = 200_000
 _Tensor: Any = None  # torch.Tensor, once a Tracer exists
 
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
@@ -278,6 +274,11 @@ class Tracer:
         self.done: list[tuple] = []
         self.poll_idx = 0
         self.next_poll = 0  # host timer only: the next gradient's enqueue polls
+        #: While gradients are being enqueued, in-flight allreduces are polled for completion at
+        #: most this often (host timer; ``$HVTRACE_POLL_US``, default 200 µs): a completion is
+        #: seen within about this long of happening (or at ``synchronize``), and a model with
+        #: hundreds of small tensors does not poll once per tensor.
+        self.poll_interval_ns = settings.poll_interval_ns()
         self.step_start, self.step_cpu = self.now(), self.read()
         self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
         self.sync_exit = self.sync_cpu = self.last_grad = None
@@ -326,6 +327,7 @@ class Tracer:
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
         """Horovod's ``orig`` (enqueues one allreduce: a tensor, or a group keyed by its ids)."""
         rec, meta, now, polls = self.rec, self.meta, self.now, not self.is_cuda
+        interval = self.poll_interval_ns
 
         def enqueue(arg: Any) -> Any:
             if not rec.enabled:
@@ -340,7 +342,7 @@ class Tracer:
                 if not self.in_sync:  # a gradient became ready (not one Horovod sends late)
                     self.last_grad, rec.between_steps = t, False
                     if polls and t >= self.next_poll:  # CUDA tokens are events: no polling
-                        self.next_poll = t + POLL_MIN_INTERVAL_NS
+                        self.next_poll = t + interval
                         self._poll_done()
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
