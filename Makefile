@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh hvtrace/record/_hot.c hvtrace/record/_hvdpoll.cpp
 	bash scripts/setup.sh
 	touch $@
 

@@ -541,14 +541,13 @@ def _run_tracer_child(
     trace_dir: Path,
     timeout_s: float,
     src: str | None = None,
-    poll_ns: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict:
     """Run :func:`_tracer_child` in a child process (one-rank Horovod); return its figures.
 
     ``src``: a source tree whose ``hvtrace`` the child imports (first on ``PYTHONPATH``), to
     measure another version of the Tracer (``--baseline-src``) with the same child code.
-    ``poll_ns``: the child's ``$HVTRACE_POLL_US``, in ns (how often the Tracer polls in-flight
-    allreduces while gradients arrive), else the default.
+    ``extra_env``: settings for the child (``HVTRACE_POLL_US``, ``HVTRACE_NATIVE``, ...).
     """
     spec = {"tensors": tensors, "steps": steps, "trace_dir": str(trace_dir)}
     cmd = [sys.executable, os.path.abspath(__file__), "--_tracer-child", json.dumps(spec)]
@@ -560,8 +559,7 @@ def _run_tracer_child(
     )
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), env.get("PYTHONPATH", "")])
-    if poll_ns is not None:
-        env["HVTRACE_POLL_US"] = f"{poll_ns / 1e3:g}"
+    env.update(extra_env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"tracer child failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
@@ -585,7 +583,7 @@ def tracer_cost(
     timeout_s: float,
     baseline_src: str | None = None,
     rounds: int = 1,
-    baseline_poll_ns: int | None = None,
+    baseline_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The real Tracer's added main-thread CPU, split into per-allreduce and per-step parts.
 
@@ -594,8 +592,9 @@ def tracer_cost(
     per allreduce, its intercept the cost per step (the step/input/forward/backward/wait/update
     spans, hooks and per-step bookkeeping). With ``baseline_src`` the same children also run
     with the ``hvtrace`` of that tree, alternating with this tree's in each of ``rounds`` rounds;
-    the figures are the medians over the rounds. ``baseline_poll_ns``: the baseline arm's
-    polling interval (with ``baseline_src`` this tree, the cost of polling itself).
+    the figures are the medians over the rounds. ``baseline_env``: the baseline arm's settings
+    (with ``baseline_src`` this tree: ``HVTRACE_POLL_US`` large, the cost of polling itself;
+    ``HVTRACE_NATIVE=0``, the compiled wrapper against the pure-Python one).
     """
     arms = (
         {"current": None} if baseline_src is None else {"current": None, "baseline": baseline_src}
@@ -607,9 +606,9 @@ def tracer_cost(
         order = list(arms.items())
         for name, src in order if r % 2 == 0 else order[::-1]:
             d = trace_dir / f"{name}{r}"
-            poll = baseline_poll_ns if name == "baseline" else None
-            lo = _run_tracer_child(tensors_lo, steps, d / "lo", timeout_s, src, poll)
-            hi = _run_tracer_child(tensors_hi, steps, d / "hi", timeout_s, src, poll)
+            env = baseline_env if name == "baseline" else None
+            lo = _run_tracer_child(tensors_lo, steps, d / "lo", timeout_s, src, env)
+            hi = _run_tracer_child(tensors_hi, steps, d / "hi", timeout_s, src, env)
             runs[name].append([lo, hi])
             per[name].append(_cost(lo, hi))
             excl[name].append(_cost(lo, hi, "added_excl_wait_us"))
@@ -633,7 +632,7 @@ def tracer_cost(
         if name == "current":
             out.update(fig)
         else:
-            out["baseline"] = dict(fig, src=str(baseline_src), poll_ns=baseline_poll_ns)
+            out["baseline"] = dict(fig, src=str(baseline_src), env=baseline_env or {})
     return out
 
 
@@ -799,6 +798,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the baseline arm's Tracer polls in-flight allreduces at most this often (ns, "
         "as $HVTRACE_POLL_US; at most 10**9); with --baseline-src . and 10**9: what polling costs",
     )
+    p.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the baseline arm's children (repeatable); with --baseline-src . and "
+        "HVTRACE_NATIVE=0: the compiled per-allreduce wrapper against the pure-Python one",
+    )
     p.add_argument("--workdir", default=None, help="where to write files (default: a temp dir)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--_tracer-child", default=None, help=argparse.SUPPRESS)
@@ -876,11 +883,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     timeout_s=1800,
                     baseline_src=args.baseline_src,
                     rounds=args.tracer_rounds,
-                    baseline_poll_ns=args.baseline_poll_ns,
+                    baseline_env=_baseline_env(args),
                 )
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
                 log.warning("Tracer per-allreduce cost not measured: %s", exc)
     return results
+
+
+def _baseline_env(args: argparse.Namespace) -> dict[str, str]:
+    """The baseline arm's settings: ``--baseline-env`` pairs and ``--baseline-poll-ns``."""
+    env = {}
+    for pair in args.baseline_env:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--baseline-env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    if args.baseline_poll_ns is not None:
+        env["HVTRACE_POLL_US"] = f"{args.baseline_poll_ns / 1e3:g}"
+    return env
 
 
 def _label(c: dict[str, Any]) -> str:
@@ -991,8 +1011,8 @@ def print_tracer(tr: dict[str, Any]) -> None:
     """Print the Tracer cost (and the baseline's, when measured)."""
     base = tr.get("baseline")
     name = "baseline"
-    if base is not None and base.get("poll_ns") is not None:
-        name += f" (polls at most every {base['poll_ns'] / 1e3:g} µs)"
+    if base is not None and base.get("env"):
+        name += " (" + ", ".join(f"{k}={v}" for k, v in base["env"].items()) + ")"
     arms = [("this tree", tr)] + ([(name, base)] if base is not None else [])
     hi = tr["runs"][1]
     print(

@@ -198,3 +198,10 @@ def poll_interval_ns(explicit: float | None = None) -> int:
     allreduce that completes during the backward is dated at the first gradient after it, the
     looks no closer together than this (at ``synchronize()`` when this is longer)."""
     return int(_value(POLL_US, explicit, float) * 1000)
+
+
+def native_hot_path() -> bool:
+    """Whether the tracer's per-allreduce wrapper is the compiled one (``hvtrace.record._hot``)
+    when it was built: ``$HVTRACE_NATIVE`` (default on; 0/off: the pure-Python closure, same
+    records, for comparison or if the compiled one is suspected)."""
+    return _flag("HVTRACE_NATIVE", True)

@@ -22,7 +22,28 @@ from hvtrace.record.header import build_header
 from hvtrace.record.recorder import DEFAULT_BUFFER_SPANS, Recorder
 from hvtrace.record.timers import make_timer, monotonic_ns
 
+try:  # the per-allreduce hot path, compiled (an optional extension: see pyproject.toml)
+    from hvtrace.record import _hot
+except ImportError:  # not built here (no C/C++ compiler at install time)
+    _hot = None
+
 DEFAULT_TRACE_DIR = "hvtrace-trace"
+
+
+def hot_module() -> Any:
+    """:mod:`hvtrace.record._hot` where it was built and ``$HVTRACE_NATIVE`` is on, else None
+    (the pure-Python wrapper then runs: the same records)."""
+    return _hot if _hot is not None and settings.native_hot_path() else None
+
+
+def horovod_poll(mpi_ops: Any) -> Callable[[int], Any]:
+    """Horovod's poll of one handle (nonzero once its op is done): its C++ ``PollHandle`` called
+    directly where the compiled hot path can find it, else its pybind11 function, else
+    ``mpi_ops.poll``."""
+    lib = getattr(mpi_ops, "mpi_lib", None)
+    hot, path = hot_module(), getattr(lib, "__file__", None)
+    direct = hot.horovod_poll(path) if hot is not None and path else None
+    return direct or getattr(lib, "horovod_torch_poll", None) or mpi_ops.poll
 
 
 @dataclass(frozen=True)
@@ -68,7 +89,8 @@ class Recording:
     start_step: int
     #: Horovod's map of in-flight handles (``mpi_ops._handle_map``): handle -> (tensors, ...).
     handle_map: dict
-    #: Horovod's poll without its Python wrapper: nonzero once the handle's op is done.
+    #: Horovod's poll without its Python wrapper (:func:`horovod_poll`): nonzero once the
+    #: handle's op is done.
     poll: Callable[[int], Any]
 
 
@@ -92,8 +114,7 @@ def open_recording(
     from horovod.torch import mpi_ops
 
     handle_map = mpi_ops._handle_map
-    lib = getattr(mpi_ops, "mpi_lib", None)
-    poll = getattr(lib, "horovod_torch_poll", None) or mpi_ops.poll
+    poll = horovod_poll(mpi_ops)
     params = [p for g in dist.param_groups for p in g["params"] if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
     timer = make_timer(device)

@@ -52,7 +52,7 @@ from hvtrace import settings
 from hvtrace.record import collectives, consistency, elastic, hvdpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
-from hvtrace.record.opening import Recording, open_recording, trace_options
+from hvtrace.record.opening import Recording, hot_module, open_recording, trace_options
 from hvtrace.record.rows import Allreduces, handle_of
 from hvtrace.record.timers import monotonic_ns
 from hvtrace.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
@@ -325,9 +325,16 @@ class Tracer:
 
     # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
-        """Horovod's ``orig`` (enqueues one allreduce: a tensor, or a group keyed by its ids)."""
+        """Horovod's ``orig`` (enqueues one allreduce: a tensor, or a group keyed by its ids).
+
+        The compiled form (:mod:`hvtrace.record._hot`, where built and ``$HVTRACE_NATIVE`` is
+        on) does what the closure below does, on the same attributes."""
         rec, meta, now, polls = self.rec, self.meta, self.now, not self.is_cuda
         interval = self.poll_interval_ns
+        hot = hot_module()
+        if hot is not None:
+            poll, key = (self._poll if polls else None), (None if key_of is id else key_of)
+            return hot.Enqueue(self, rec, orig, key, now, poll, interval)
 
         def enqueue(arg: Any) -> Any:
             if not rec.enabled:
