@@ -126,9 +126,11 @@ static int poll_done(Enqueue *self) {
         Py_DECREF(enq);
         return -1;
     }
-    Py_ssize_t n = PyList_GET_SIZE(enq), i = first < 0 ? 0 : first;
+    Py_ssize_t i = first < 0 ? 0 : first;
     first = i;
-    for (; i < n; i++) {
+    /* (a poll that is a Python callable may change the list: its size is read every time, and
+     * the entry is held while it runs) */
+    for (; i < PyList_GET_SIZE(enq); i++) {
         PyObject *item = PyList_GET_ITEM(enq, i);
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 3) break;
         PyObject *h = PyTuple_GET_ITEM(item, 2);
@@ -141,7 +143,9 @@ static int poll_done(Enqueue *self) {
         if (Py_IS_TYPE(self->poll, &HorovodPollType)) {
             ok = horovod_poll_one((HorovodPoll *)self->poll, h);
         } else {
+            Py_INCREF(item);
             PyObject *r = PyObject_CallOneArg(self->poll, h);
+            Py_DECREF(item);
             if (r == NULL) {
                 Py_DECREF(enq);
                 return -1;
@@ -163,9 +167,11 @@ static int poll_done(Enqueue *self) {
             if (t != NULL) PyErr_SetString(PyExc_TypeError, "tracer.done is not a list");
             rc = -1;
         }
-        for (Py_ssize_t j = first; rc == 0 && j < i; j++) {
-            PyObject *h = PyTuple_GET_ITEM(PyList_GET_ITEM(enq, j), 2);
-            if (PyTuple_CheckExact(h)) h = PyTuple_GET_ITEM(h, 0);
+        for (Py_ssize_t j = first; rc == 0 && j < i && j < PyList_GET_SIZE(enq); j++) {
+            PyObject *item = PyList_GET_ITEM(enq, j), *h;
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 3) break;
+            h = PyTuple_GET_ITEM(item, 2);
+            if (PyTuple_CheckExact(h) && PyTuple_GET_SIZE(h) > 0) h = PyTuple_GET_ITEM(h, 0);
             PyObject *pair = PyTuple_Pack(2, h, t);
             if (pair == NULL || PyList_Append(done, pair) < 0) rc = -1;
             Py_XDECREF(pair);

@@ -221,3 +221,19 @@ def test_cuda_tokens_are_never_polled(impl) -> None:
     for _ in range(3):
         enqueue(object())
     assert hvd.polls == [] and tr.done == [] and len(tr.enqueued) == 3
+
+
+def test_a_poll_that_changes_the_list_under_it_does_not_crash(impl) -> None:
+    """A poll that is Python code (not Horovod's) may change the tracer's list while the look
+    walks it: the wrapper still returns Horovod's handle, and the process lives on (the compiled
+    form reads the list's size at every entry and holds the entry it polls)."""
+    hvd = FakeHorovod()
+    tr, _, _ = make_tracer(hvd)
+
+    def poll(h):
+        tr.enqueued.clear()
+        return 1
+
+    tr._poll = poll
+    enqueue = tr._enqueue_wrapper(hvd.enqueue, id)
+    assert [enqueue(object()) for _ in range(3)] == [1, 2, 3]
