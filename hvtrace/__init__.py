@@ -13,10 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hvtrace import settings as _settings
-from hvtrace.errors import TraceError
-from hvtrace.record.live import on_straggler
-from hvtrace.record.optimizer import DistributedOptimizer, finish
-from hvtrace.record.recorder import scalar, span
+
+_settings.arrow_memory_on_demand()  # before pyarrow is loaded (below): see its docstring
+
+from hvtrace.errors import TraceError  # noqa: E402
+from hvtrace.record.live import on_straggler  # noqa: E402
+from hvtrace.record.optimizer import DistributedOptimizer, finish  # noqa: E402
+from hvtrace.record.recorder import scalar, span  # noqa: E402
 
 if TYPE_CHECKING:
     from hvtrace.load import Run, load_run

@@ -205,3 +205,24 @@ def native_hot_path() -> bool:
     when it was built: ``$HVTRACE_NATIVE`` (default on; 0/off: the pure-Python closure, same
     records, for comparison or if the compiled one is suspected)."""
     return _flag("HVTRACE_NATIVE", True)
+
+
+#: The mimalloc option :func:`arrow_memory_on_demand` sets (``mi_option_arena_eager_commit``).
+MIMALLOC_EAGER_ENV: Final = "MIMALLOC_ARENA_EAGER_COMMIT"
+
+
+def arrow_memory_on_demand() -> None:
+    """Let pyarrow's allocator commit memory as it is used, not a whole arena at once.
+
+    pyarrow's default memory pool is mimalloc, which commits a 4 MB arena at its first
+    allocation (in a rank, the writer's first batch): about 5 MB of resident memory that the
+    recorder's few hundred kB of batches never use (bench/README.md, peak RSS per rank). Called
+    by ``import hvtrace`` before pyarrow is loaded, it sets ``$MIMALLOC_ARENA_EAGER_COMMIT=0``
+    unless the variable is set already or pyarrow (so mimalloc) was loaded before hvtrace: the
+    allocator, its pools and its speed stay what they were; only the arena's pages are committed
+    when touched. Processes started by this one inherit the variable, as any environment.
+    """
+    import sys
+
+    if "pyarrow" not in sys.modules:
+        os.environ.setdefault(MIMALLOC_EAGER_ENV, "0")

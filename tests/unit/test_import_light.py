@@ -75,3 +75,46 @@ def test_missing_attribute_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = hvtrace.no_such_name  # type: ignore[attr-defined]
+
+
+_MIMALLOC = """
+import os, sys
+first = sys.argv[1]
+if first == "pyarrow":
+    import pyarrow
+import hvtrace
+import pyarrow as pa
+print(os.environ.get("MIMALLOC_ARENA_EAGER_COMMIT"), pa.default_memory_pool().backend_name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "user", "expected"),
+    [
+        ("hvtrace", None, "0"),  # pyarrow's mimalloc commits its arena as it is used
+        ("hvtrace", "1", "1"),  # the user's own choice stands
+        ("pyarrow", None, "None"),  # mimalloc already started: nothing to set
+    ],
+)
+def test_import_lets_pyarrows_allocator_commit_on_demand(first, user, expected) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+    if user is not None:
+        env["MIMALLOC_ARENA_EAGER_COMMIT"] = user
+
+    def run(code: str, *args: str) -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=True,
+        )
+        return proc.stdout.split()
+
+    out = run(_MIMALLOC, first)
+    assert out[0] == expected
+    # the pool is the one pyarrow picks without hvtrace
+    assert out[1] == run("import pyarrow as pa; print(pa.default_memory_pool().backend_name)")[0]
