@@ -3,12 +3,14 @@
 // into an error code, never unwinding through hvtrace's C (hvtrace/record/_hot.c).
 #include <exception>
 
-typedef int (*poll_fn)(int);
+// Horovod 0.28.1 returns int (0/1, its bool widened); read as bool, only the low byte counts,
+// which is right for either return type.
+typedef bool (*poll_fn)(int);
 
 extern "C" int hvtrace_poll_handle(void *fn, int handle, int *err) {
     try {
         *err = 0;
-        return reinterpret_cast<poll_fn>(fn)(handle);
+        return reinterpret_cast<poll_fn>(fn)(handle) ? 1 : 0;
     } catch (...) {
         *err = 1;
         return 0;
