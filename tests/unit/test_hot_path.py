@@ -3,7 +3,7 @@ and the pure-Python closure (``HVTRACE_NATIVE=0``) must record the same things.
 
 No Horovod here: a stand-in for Horovod's enqueue returns handle numbers and a stand-in poll says
 which are done, so that only the wrapper's own logic is under test (the real Horovod path is in
-tests/integration/test_record_horovod.py, with either form).
+tests/integration/test_hot_path_horovod.py, both forms; every other real job runs the compiled one).
 """
 
 from __future__ import annotations
