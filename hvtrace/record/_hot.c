@@ -4,9 +4,12 @@
  * form) exactly as ``Tracer._enqueue_wrapper``'s pure-Python closure does
  * (hvtrace/record/optimizer.py), and polls the allreduces in flight as ``Tracer._poll_done``
  * does. The state stays on the Python ``Tracer`` (``enqueued``, ``done``, ``poll_idx``,
- * ``next_poll``, ``in_sync``, ``last_grad``, ``meta``) and on its recorder (``enabled``,
- * ``between_steps``): this module reads and writes those attributes, so the Python code around it
- * is the same whichever implementation runs. Any error after Horovod's call is handed to
+ * ``in_sync``, ``meta``) and on its recorder (``enabled``, ``between_steps``): this module reads
+ * and writes those attributes, so the Python code around it is the same whichever implementation
+ * runs. Only the time of the next look is the wrapper's own (``next_poll``, as in the closure).
+ * Per gradient it reads two attributes (``rec.enabled``, ``tracer.enqueued``) and writes none:
+ * on a real backward each attribute access costs about 0.2 µs with the caches that autograd's
+ * kernels leave (in a hot loop, 20 ns). Any error after Horovod's call is handed to
  * ``tracer.fail(exc)`` (tracing is disabled, training goes on), as in the closure.
  *
  * HorovodPoll: Horovod's own ``horovod::torch::PollHandle(int)``, looked up in the library Horovod
@@ -26,8 +29,8 @@
 /* _hvdpoll.cpp: calls Horovod's PollHandle, catching what it throws (err = 1). */
 extern int hvtrace_poll_handle(void *fn, int handle, int *err);
 
-static PyObject *s_enabled, *s_meta, *s_learn, *s_enqueued, *s_in_sync, *s_last_grad,
-    *s_between_steps, *s_next_poll, *s_poll_idx, *s_done, *s_fail;
+static PyObject *s_enabled, *s_meta, *s_learn, *s_enqueued, *s_in_sync, *s_between_steps,
+    *s_poll_idx, *s_done, *s_fail;
 static PyObject *monotonic_ns_func; /* time.monotonic_ns: when it is the clock, read it here */
 
 static inline long long mono_ns(void) {
@@ -103,7 +106,9 @@ typedef struct {
     PyObject *key_of;  /* NULL: id(arg) */
     PyObject *now;     /* NULL: the host monotonic clock */
     PyObject *poll;    /* Horovod's poll(handle) -> nonzero when done; NULL: never poll */
+    PyObject *meta;    /* tracer.meta (a dict, never replaced): allreduce key -> tensors */
     long long interval_ns;
+    long long next_poll; /* host clock: a gradient enqueued from then on looks (0: the first) */
 } Enqueue;
 
 /* Note the allreduces that completed since the last look, oldest first, as seen now. */
@@ -193,10 +198,7 @@ static int note(Enqueue *self, PyObject *arg, PyObject *t, PyObject *out) {
     PyObject *key = self->key_of ? PyObject_CallOneArg(self->key_of, arg) : PyLong_FromVoidPtr(arg);
     if (key == NULL) return -1;
     int rc = -1;
-    PyObject *meta = PyObject_GetAttr(self->tracer, s_meta);
-    if (meta == NULL) goto out;
-    int known = PySequence_Contains(meta, key);
-    Py_DECREF(meta);
+    int known = PyDict_Contains(self->meta, key);
     if (known < 0) goto out;
     if (!known) {
         PyObject *r = PyObject_CallMethodObjArgs(self->tracer, s_learn, key, arg, out, NULL);
@@ -212,29 +214,24 @@ static int note(Enqueue *self, PyObject *arg, PyObject *t, PyObject *out) {
     else if (entry != NULL)
         app = PyList_Append(enq, entry);
     Py_XDECREF(entry);
+    Py_ssize_t n = app < 0 ? 0 : PyList_GET_SIZE(enq);
     Py_DECREF(enq);
     if (app < 0) goto out;
-    PyObject *in_sync = PyObject_GetAttr(self->tracer, s_in_sync);
-    if (in_sync == NULL) goto out;
-    int syncing = PyObject_IsTrue(in_sync);
-    Py_DECREF(in_sync);
-    if (syncing < 0) goto out;
-    if (!syncing) { /* a gradient became ready (not one Horovod sends late) */
-        if (PyObject_SetAttr(self->tracer, s_last_grad, t) < 0) goto out;
-        if (PyObject_SetAttr(self->rec, s_between_steps, Py_False) < 0) goto out;
-        if (self->poll != NULL) { /* CUDA tokens are events: no polling */
-            PyObject *np = PyObject_GetAttr(self->tracer, s_next_poll);
-            if (np == NULL) goto out;
-            int due = PyObject_RichCompareBool(t, np, Py_GE);
-            Py_DECREF(np);
-            if (due < 0) goto out;
-            if (due) {
-                long long tv = PyLong_AsLongLong(t);
-                if (tv == -1 && PyErr_Occurred()) goto out;
-                PyObject *next = PyLong_FromLongLong(tv + self->interval_ns);
-                int set = next ? PyObject_SetAttr(self->tracer, s_next_poll, next) : -1;
-                Py_XDECREF(next);
-                if (set < 0 || poll_done(self) < 0) goto out;
+    /* the step's first allreduce: its work has begun */
+    if (n == 1 && PyObject_SetAttr(self->rec, s_between_steps, Py_False) < 0) goto out;
+    if (self->poll != NULL) { /* host tokens (ints); CUDA tokens are events: no polling */
+        long long tv = PyLong_AsLongLong(t);
+        if (tv == -1 && PyErr_Occurred()) goto out;
+        if (tv >= self->next_poll) {
+            /* a gradient became ready (not an allreduce Horovod sends late, in synchronize) */
+            PyObject *in_sync = PyObject_GetAttr(self->tracer, s_in_sync);
+            if (in_sync == NULL) goto out;
+            int syncing = PyObject_IsTrue(in_sync);
+            Py_DECREF(in_sync);
+            if (syncing < 0) goto out;
+            if (!syncing) {
+                self->next_poll = tv + self->interval_ns;
+                if (poll_done(self) < 0) goto out;
             }
         }
     }
@@ -299,6 +296,14 @@ static PyObject *Enqueue_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->now = (now == Py_None || now == monotonic_ns_func) ? NULL : Py_NewRef(now);
     self->poll = poll == Py_None ? NULL : Py_NewRef(poll);
     self->interval_ns = interval_ns;
+    self->next_poll = 0;
+    self->meta = PyObject_GetAttr(tracer, s_meta);
+    if (self->meta != NULL && !PyDict_Check(self->meta))
+        PyErr_SetString(PyExc_TypeError, "tracer.meta is not a dict");
+    if (self->meta == NULL || !PyDict_Check(self->meta)) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
@@ -309,6 +314,7 @@ static int Enqueue_traverse(Enqueue *self, visitproc visit, void *arg) {
     Py_VISIT(self->key_of);
     Py_VISIT(self->now);
     Py_VISIT(self->poll);
+    Py_VISIT(self->meta);
     return 0;
 }
 
@@ -319,6 +325,7 @@ static int Enqueue_clear(Enqueue *self) {
     Py_CLEAR(self->key_of);
     Py_CLEAR(self->now);
     Py_CLEAR(self->poll);
+    Py_CLEAR(self->meta);
     return 0;
 }
 
@@ -386,9 +393,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_learn, "_learn");
     INTERN(s_enqueued, "enqueued");
     INTERN(s_in_sync, "in_sync");
-    INTERN(s_last_grad, "last_grad");
     INTERN(s_between_steps, "between_steps");
-    INTERN(s_next_poll, "next_poll");
     INTERN(s_poll_idx, "poll_idx");
     INTERN(s_done, "done");
     INTERN(s_fail, "fail");

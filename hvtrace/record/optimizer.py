@@ -273,7 +273,9 @@ class Tracer:
         self.enqueued: list[tuple] = []
         self.done: list[tuple] = []
         self.poll_idx = 0
-        self.next_poll = 0  # host timer only: the next gradient's enqueue polls
+        #: ``enqueued``'s length when the current backward pass began (its last gradient is the
+        #: last allreduce enqueued after it: see :meth:`_grad_end`).
+        self.grad_mark = 0
         #: While gradients are being enqueued, in-flight allreduces are polled for completion at
         #: most this often (host timer; ``$HVTRACE_POLL_US``, default 200 µs): a completion is
         #: seen within about this long of happening (or at ``synchronize``), and a model with
@@ -335,8 +337,10 @@ class Tracer:
         if hot is not None:
             poll, key = (self._poll if polls else None), (None if key_of is id else key_of)
             return hot.Enqueue(self, rec, orig, key, now, poll, interval)
+        next_poll = 0  # host timer only: a gradient enqueued from then on looks
 
         def enqueue(arg: Any) -> Any:
+            nonlocal next_poll
             if not rec.enabled:
                 return orig(arg)
             t = now()
@@ -345,12 +349,14 @@ class Tracer:
                 key = key_of(arg)
                 if key not in meta:
                     self._learn(key, arg, out)
-                self.enqueued.append((t, key, out))
-                if not self.in_sync:  # a gradient became ready (not one Horovod sends late)
-                    self.last_grad, rec.between_steps = t, False
-                    if polls and t >= self.next_poll:  # CUDA tokens are events: no polling
-                        self.next_poll = t + interval
-                        self._poll_done()
+                enqueued = self.enqueued
+                enqueued.append((t, key, out))
+                if len(enqueued) == 1:  # the step's first allreduce: its work has begun
+                    rec.between_steps = False
+                # a gradient became ready (not an allreduce Horovod sends late, in synchronize)
+                if polls and t >= next_poll and not self.in_sync:  # CUDA tokens: no polling
+                    next_poll = t + interval
+                    self._poll_done()
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
             return out
@@ -447,7 +453,7 @@ class Tracer:
             rec, flags = self.rec, self.ar_flags
             ar = Allreduces(rec.step, rec.micro, flags, self.enqueued, self.done, end, self.meta)
             self.rows.append(ar)
-            self.enqueued, self.done, self.poll_idx = [], [], 0
+            self.enqueued, self.done, self.poll_idx, self.grad_mark = [], [], 0, 0
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return out
@@ -498,9 +504,21 @@ class Tracer:
         self.compute_closed = False
         self.bwd_start = self.last_grad = None
 
+    def _grad_end(self, t: Any) -> Any:
+        """When the backward pass that ends now (``t``) had its last gradient ready; the next pass
+        begins. The gradient accumulators' hooks' last call where they are installed
+        (``backward_passes_per_step`` > 1: they run after Horovod's), else the enqueue of the
+        last allreduce since the pass began (the wrapper keeps no time of its own: a write per
+        gradient costs more than this), else ``t``."""
+        enqueued, mark = self.enqueued, self.grad_mark
+        self.grad_mark = len(enqueued)
+        if self.last_grad is not None:
+            return self.last_grad
+        return enqueued[-1][0] if len(enqueued) > mark else t
+
     def _close_backward(self, t: Any, c: Any) -> None:
+        end = self._grad_end(t)
         if self.bwd_start is not None:
-            end = self.last_grad if self.last_grad is not None else t
             self._span(K_BACKWARD, "backward", self.bwd_start, end, self.bwd_cpu, c, self.flags)
         self.bwd_start = self.last_grad = None
 
@@ -512,7 +530,7 @@ class Tracer:
         if self.fwd_count:
             self._close_backward(t, c)
         else:
-            end = self.last_grad if self.last_grad is not None else t
+            end = self._grad_end(t)
             self._span(K_COMPUTE, "compute", self.step_start, end, self.step_cpu, c, self.flags)
 
     # -- off the hot path: failure, a first allreduce, step count, clock; then the rest --------
@@ -593,7 +611,8 @@ class Tracer:
             return "update"
         if self.fwd_count:
             return "backward"
-        if self.rec.step == 0 and self.last_grad is None and not self.rec.between_steps:
+        started = self.enqueued or self.last_grad is not None or self.rec.between_steps
+        if self.rec.step == 0 and not started:
             return "outside"
         if not self.has_model:
             return "compute"
@@ -602,7 +621,7 @@ class Tracer:
     def drop_partial_step(self) -> None:
         """Forget the step an elastic reset interrupted (its spans and allreduce handles)."""
         self.rows, self.done_rows = [], []
-        self.enqueued, self.done, self.poll_idx = [], [], 0
+        self.enqueued, self.done, self.poll_idx, self.grad_mark = [], [], 0, 0
         self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
         self.sync_exit = self.sync_cpu = self.last_grad = None
         self.fwd_count = 0

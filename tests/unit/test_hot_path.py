@@ -63,7 +63,7 @@ def make_tracer(hvd: FakeHorovod, interval_ns: int = 0, clock=None):
     tr.meta, tr.enqueued, tr.done, tr.poll_idx = {}, [], [], 0
     ticks = clock if clock is not None else itertools.count(1_000, 1_000)
     tr.now, tr.is_cuda, tr.in_sync = lambda: next(ticks), False, False
-    tr.next_poll, tr.poll_interval_ns, tr.last_grad = 0, interval_ns, None
+    tr.poll_interval_ns, tr.last_grad, tr.grad_mark = interval_ns, None, 0
     tr._poll = hvd.poll
     learned: list = []
 
@@ -93,7 +93,6 @@ def test_the_tracer_polls_at_most_every_interval(impl, interval_ns) -> None:
     gaps = [b - a for a, b in itertools.pairwise(looks)]
     assert all(interval_ns <= g <= interval_ns + 100_000 for g in gaps), gaps
     assert len(looks) == {0: 60, 200_000: 30, 5_000_000: 2}[interval_ns]
-    assert tr.next_poll == looks[-1] + interval_ns
 
 
 def run_backward(impl_name: str, grouped: bool) -> dict:
@@ -111,12 +110,14 @@ def run_backward(impl_name: str, grouped: bool) -> dict:
         if i == 5:
             hvd.done |= {4}  # 4 done but 3 not: nothing new (oldest first)
         outs.append(enqueue(g))
-    last_grad = tr.last_grad
+    between_steps = tr.rec.between_steps
+    tr.rec.between_steps = True  # written at the step's first allreduce only
+    last_grad = tr._grad_end(None)  # what synchronize() closes the backward with
     tr.in_sync = True  # a late allreduce sent inside synchronize(): no gradient, no poll
     hvd.done |= {3, 5, 6}
     n_polls = len(hvd.polls)
     outs.append(enqueue(grads[0]))
-    assert len(hvd.polls) == n_polls and tr.last_grad == last_grad
+    assert len(hvd.polls) == n_polls and tr.last_grad is None and tr.rec.between_steps is True
     keys = [key_of(g) for g in grads]
     times = sorted({t for _, t in tr.done})
     return {
@@ -126,7 +127,7 @@ def run_backward(impl_name: str, grouped: bool) -> dict:
         "poll_idx": tr.poll_idx,
         "learned": [keys.index(k) for k in learned],
         "last_grad": last_grad,
-        "between_steps": tr.rec.between_steps,
+        "between_steps": between_steps,
         "failures": failures,
         "polls": hvd.polls,
     }
@@ -154,6 +155,22 @@ def test_both_forms_record_the_same(monkeypatch, grouped) -> None:
     assert py["polls"] == [1, 1, 1, 1, 2, 3, 3, 3]
     if "native" in got:
         assert got["native"] == py
+
+
+def test_a_backward_pass_ends_at_its_last_gradient(impl) -> None:
+    """The wrapper keeps no time of its own: a backward pass ends at the last allreduce enqueued
+    since it began, at the gradient accumulators' hooks' last call where they are installed
+    (``backward_passes_per_step`` > 1), and at the boundary itself when it sent nothing."""
+    hvd = FakeHorovod()
+    tr, _, _ = make_tracer(hvd)
+    enqueue = tr._enqueue_wrapper(hvd.enqueue, id)
+    for _ in range(3):
+        enqueue(object())  # at 1000, 2000, 3000
+    assert tr._grad_end(9_000) == 3_000
+    assert tr._grad_end(10_000) == 10_000  # a second pass (micro-step) that enqueued nothing
+    enqueue(object())  # 4000
+    tr.last_grad = 4_500  # a gradient accumulator's hook, after Horovod's
+    assert tr._grad_end(11_000) == 4_500 and tr.grad_mark == 4
 
 
 def test_disabled_recording_passes_straight_through(impl) -> None:
