@@ -53,6 +53,37 @@ def test_a_window_is_reduced_to_one_row_per_step() -> None:
     assert m[0, -1] == 10_000 * MS + 2 * MS + 10 * MS + 10 * MS - 1 * MS
 
 
+def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeypatch) -> None:
+    """The training thread holds at most CHUNK_STEPS steps' entries; the live thread reduces
+    each chunk at once and exchanges, per window, the same matrix as the whole window's."""
+    every = 25  # not a multiple of the chunk: the window's last chunk is shorter
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
+    mon.offset_ns, mon._stopped = 3 * MS, False
+    mon._q = live.queue.SimpleQueue()
+    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 7) for s in range(2 * every + 4)]
+    held = []
+    for rows in steps:
+        mon.on_step(rows)
+        held.append(len(mon.window))
+    assert max(held) < live.CHUNK_STEPS and mon.windows_sent == 2
+    queued = []
+    while not mon._q.empty():
+        queued.append(mon._q.get())
+    sizes = [len(x) if type(x) is list else f"window {x}" for x in queued]
+    assert sizes == [10, 10, 5, "window 0", 10, 10, 5, "window 1"]
+    exchanged = []
+    monkeypatch.setattr(mon, "_exchange", lambda k, m: exchanged.append((k, m)))
+    monkeypatch.setattr(mon, "_stop_judge", lambda: None)
+    for x in [*queued, steps[-4:], None]:  # (the 4 steps of an unfinished window: not exchanged)
+        mon._q.put(x)
+    mon._run()
+    assert [k for k, _ in exchanged] == [0, 1]
+    for k, m in exchanged:
+        whole = live.step_matrix(steps[k * every : (k + 1) * every], 3 * MS)
+        np.testing.assert_array_equal(m, whole)
+
+
 def test_the_gathered_windows_name_the_slow_rank_as_the_analysis_does() -> None:
     gathered = np.vstack([_window(0.0), _window(20.0)])
     out = live.verdicts(gathered, 2, {0: "a", 1: "b"})
