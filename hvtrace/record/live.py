@@ -3,10 +3,10 @@
 Every ``HVTRACE_LIVE_EVERY`` steps (:func:`hvtrace.settings.live_every`) each rank has reduced
 its last window of steps to a small matrix, one row per step (the phases' durations, the
 training thread's CPU time and run-queue wait in them, and its arrival on rank 0's clock), ten
-steps at a time as they come, on a background thread ("hvtrace-live"), never the training
-thread; the ranks exchange their matrices
-with one Horovod allgather issued from that thread (the training loop never waits on it). Rank 0
-then runs the offline analysis's own straggler decision on that window, in a child process
+steps at a time as they came, on a background thread ("hvtrace-live"), never the training
+thread; the ranks exchange their matrices with one Horovod allgather issued from that thread
+(the training loop never waits on it). Rank 0 then runs the offline analysis's own straggler
+decision on that window, in a child process
 (:mod:`hvtrace.record.live_judge`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
@@ -219,7 +219,10 @@ class LiveMonitor:
 
     def on_step(self, rows: list) -> None:
         """Hot path: keep a reference to the step's entries; hand them over every
-        :data:`CHUNK_STEPS` steps and at the window's end, then the window."""
+        :data:`CHUNK_STEPS` steps and at the window's end, then the window. Nothing once the
+        live thread has stopped (closed, or failed): nothing piles up in its queue."""
+        if self._stopped:
+            return
         window = self.window
         window.append(rows)
         self.in_window += 1
@@ -255,6 +258,7 @@ class LiveMonitor:
                 self._exchange(item, matrix)  # the window's number
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+                self._stopped = True  # on_step hands nothing more over
                 self._stop_judge()
                 return
 

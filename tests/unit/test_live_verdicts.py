@@ -84,6 +84,29 @@ def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeyp
         np.testing.assert_array_equal(m, whole)
 
 
+def test_a_live_thread_that_failed_is_handed_nothing_more(monkeypatch) -> None:
+    """Live detection stops on an error (training goes on); the steps after it are not queued
+    for a thread that no longer takes them."""
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, 10
+    mon.offset_ns, mon._stopped = 0, False
+    mon._q = live.queue.SimpleQueue()
+
+    def broken(k, m):
+        raise RuntimeError("allgather failed")
+
+    monkeypatch.setattr(mon, "_exchange", broken)
+    monkeypatch.setattr(mon, "_stop_judge", lambda: None)
+    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0) for s in range(10)]
+    for rows in steps:
+        mon.on_step(rows)
+    mon._run()  # the chunk, then the window: its exchange fails, the thread returns
+    assert mon._stopped and mon._q.empty()
+    for rows in steps * 5:
+        mon.on_step(rows)
+    assert mon._q.empty() and mon.window == []
+
+
 def test_the_gathered_windows_name_the_slow_rank_as_the_analysis_does() -> None:
     gathered = np.vstack([_window(0.0), _window(20.0)])
     out = live.verdicts(gathered, 2, {0: "a", 1: "b"})
