@@ -53,14 +53,21 @@ def test_a_window_is_reduced_to_one_row_per_step() -> None:
     assert m[0, -1] == 10_000 * MS + 2 * MS + 10 * MS + 10 * MS - 1 * MS
 
 
+def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
+    """A LiveMonitor without its thread or judge: the test drains its queue and runs ``_run``."""
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
+    mon.offset_ns, mon._stopped = offset_ns, False
+    mon._q = live.queue.SimpleQueue()
+    monkeypatch.setattr(mon, "_stop_judge", lambda: None)
+    return mon
+
+
 def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeypatch) -> None:
     """The training thread holds at most CHUNK_STEPS steps' entries; the live thread reduces
     each chunk at once and exchanges, per window, the same matrix as the whole window's."""
     every = 25  # not a multiple of the chunk: the window's last chunk is shorter
-    mon = live.LiveMonitor.__new__(live.LiveMonitor)
-    mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
-    mon.offset_ns, mon._stopped = 3 * MS, False
-    mon._q = live.queue.SimpleQueue()
+    mon = _monitor(monkeypatch, every, 3 * MS)
     steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 7) for s in range(2 * every + 4)]
     held = []
     for rows in steps:
@@ -74,7 +81,6 @@ def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeyp
     assert sizes == [10, 10, 5, "window 0", 10, 10, 5, "window 1"]
     exchanged = []
     monkeypatch.setattr(mon, "_exchange", lambda k, m: exchanged.append((k, m)))
-    monkeypatch.setattr(mon, "_stop_judge", lambda: None)
     for x in [*queued, steps[-4:], None]:  # (the 4 steps of an unfinished window: not exchanged)
         mon._q.put(x)
     mon._run()
@@ -87,16 +93,12 @@ def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeyp
 def test_a_live_thread_that_failed_is_handed_nothing_more(monkeypatch) -> None:
     """Live detection stops on an error (training goes on); the steps after it are not queued
     for a thread that no longer takes them."""
-    mon = live.LiveMonitor.__new__(live.LiveMonitor)
-    mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, 10
-    mon.offset_ns, mon._stopped = 0, False
-    mon._q = live.queue.SimpleQueue()
+    mon = _monitor(monkeypatch, 10, 0)
 
     def broken(k, m):
         raise RuntimeError("allgather failed")
 
     monkeypatch.setattr(mon, "_exchange", broken)
-    monkeypatch.setattr(mon, "_stop_judge", lambda: None)
     steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0) for s in range(10)]
     for rows in steps:
         mon.on_step(rows)
