@@ -11,7 +11,8 @@ always does) and then wraps four seams of that one instance:
   (:mod:`hvtrace.record.hvdpatch`).
 
 With ``model=`` it also hooks the model's forward so compute splits into input gap, forward and
-backward.
+backward, and sees the backward's start where ``loss.backward()`` calls ``torch.autograd.backward``
+(:mod:`hvtrace.record.torchpatch`).
 
 At each phase boundary the training thread's CPU and run-queue counters are read once
 (:mod:`hvtrace.record.cpustat`, one or two system calls), shared by the span that ends and the
@@ -19,7 +20,7 @@ span that starts there: five readings per step with ``model=`` (the step's end, 
 and end, synchronize's entry and exit), three without. The phases' counter intervals therefore
 tile the step: input, forward, backward (or compute), wait and update add up to the step's. Their
 times are each span's own, except that backward's counters run from forward's end (they include
-the loss computation before the gradient reaches the output) to synchronize's entry (they include
+the loss computation before ``backward()`` is called) to synchronize's entry (they include
 host work after the last gradient), so backward's ``cpu_ns`` may exceed its wall time slightly.
 A step whose optimizer never synchronizes (Adasum) has no counters for compute and update; with
 the ``synchronize()`` + ``skip_synchronize()`` pattern, the update's counters start in ``step()``
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from hvtrace import settings
-from hvtrace.record import collectives, consistency, elastic, hvdpatch
+from hvtrace.record import collectives, consistency, elastic, hvdpatch, torchpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
 from hvtrace.record.opening import Recording, hot_module, open_recording, trace_options
@@ -70,7 +71,6 @@ K_USER = KIND_CODE["user"]
 _NAN = math.nan
 _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
 
-_Tensor: Any = None  # torch.Tensor, once a Tracer exists
 
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
 CLOCK_RESYNC_FIRST = 1000
@@ -248,8 +248,6 @@ class Tracer:
         """Trace ``dist`` (and ``model``, or None) with what :func:`open_recording` set up."""
         import torch
 
-        global _Tensor
-        _Tensor = torch.Tensor
         self.dist, self.hvd, self.clock_rounds = dist, hvd, clock_rounds
         self._handle_map, self._poll = recording.handle_map, recording.poll
         self._grad_enabled = torch.is_grad_enabled
@@ -324,6 +322,8 @@ class Tracer:
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
             self._hooks.append(model.register_forward_hook(self._fwd_post))
+            torchpatch.patch_backward()
+            torchpatch.observer = self
 
     # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
@@ -406,21 +406,14 @@ class Tracer:
                 self._span(K_FORWARD, "forward", self.fwd_start, t, self.fwd_cpu, c, self.flags)
                 self.bwd_cpu, self.fwd_start = c, None  # backward's counters start here
                 self.fwd_count += 1
-                out = output if output.__class__ is _Tensor else _first_grad_tensor(output)
-                fn = out.grad_fn if out is not None else None
-                if fn is not None:  # a pre-hook of the output's node: cheaper than a tensor hook
-                    fn.register_prehook(self._bwd_start_hook)
-                elif out is not None and out.requires_grad:
-                    out.register_hook(self._bwd_start_hook)
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
 
-    def _bwd_start_hook(self, grad: Any) -> None:
-        if self.bwd_start is None and self.rec.enabled:
-            try:
-                self.bwd_start = self.now()
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
+    def _backward_called(self) -> None:
+        """``torch.autograd.backward`` was called (:mod:`hvtrace.record.torchpatch`): the first
+        call after a recorded forward begins that forward's backward pass."""
+        if self.bwd_start is None and self.fwd_count and self.fwd_start is None:
+            self.bwd_start = self.now()
 
     def _grad_ready(self, *args: Any) -> None:
         if self.rec.enabled and not self.in_sync:
@@ -653,6 +646,8 @@ class Tracer:
             except Exception:  # noqa: BLE001
                 pass
         self._hooks = []
+        if torchpatch.observer is self:
+            torchpatch.observer = None
         if self.checks is not None:
             self.checks.close()
         if self.rec.enabled:
@@ -695,19 +690,3 @@ def tensor_meta(params: tuple, sent: Any, names: dict) -> tuple[list, list, list
     nbytes = [int(x.numel() * x.element_size()) if x is not None else 0 for x in tensors]
     dtypes = [DTYPE_CODE[dtype_name(x.dtype)] if x is not None else 0 for x in tensors]
     return [names.get(p, "?") for p in params], nbytes, dtypes
-
-
-def _first_grad_tensor(output: Any) -> Any:
-    """Return the first tensor of a model output that requires grad (for the backward hook)."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output if output.requires_grad else None
-    if isinstance(output, dict):
-        output = list(output.values())
-    if isinstance(output, _SEQ):
-        for o in output:
-            t = _first_grad_tensor(o)
-            if t is not None:
-                return t
-    return None
