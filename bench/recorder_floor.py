@@ -25,7 +25,9 @@ Variants, each against the plain model:
 - ``+ backward node pre-hook``: and a no-op pre-hook on the output's ``grad_fn`` per forward;
 - ``+ backward wrapper``: and hvtrace's ``torch.autograd.backward`` wrapper timing the start;
 - ``+ backward wrapper + 5 readings``: and hvtrace's own reading (``ThreadCounters.read``) at
-  the five boundaries: the floor;
+  the five boundaries: the floor; the reading is the compiled one where ``hvtrace.record._hot``
+  is built (``ThreadReader``), else the closure;
+- ``the same, readings by the closure``: the pure-Python reading, for comparison;
 - ``5 CPU-clock reads`` / ``5 schedstat preads`` (no hooks): one system call of each kind in
   place, five times, to show what a reading is made of.
 """
@@ -111,13 +113,15 @@ class Variant:
 
 def make_variants(torch: Any) -> tuple[dict[str, Variant], str]:
     """The plain model and the variants (see the module), and what hvtrace's reading reads."""
-    from hvtrace.record.cpustat import ThreadCounters
+    from hvtrace.record import cpustat
 
-    counters = ThreadCounters()
+    counters = cpustat.ThreadCounters()
     clock = time.pthread_getcpuclockid(threading.get_ident())
     gettime = time.clock_gettime_ns
     fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
     pread = os.pread
+    # the same reading as the closure (HVTRACE_NATIVE=0, or where _hot is not built)
+    closure = cpustat._schedstat_reader(lambda: gettime(clock), os.dup(fd), cpustat.RUNQ_SLACK_NS)
 
     def cpu_clock() -> int:
         return gettime(clock)
@@ -133,10 +137,14 @@ def make_variants(torch: Any) -> tuple[dict[str, Variant], str]:
         "+ backward wrapper + 5 readings": Variant(
             torch, hooks=True, backward="wrapper", reader=counters.read
         ),
+        "the same, readings by the closure": Variant(
+            torch, hooks=True, backward="wrapper", reader=closure
+        ),
         "5 CPU-clock reads": Variant(torch, reader=cpu_clock),
         "5 schedstat preads": Variant(torch, reader=schedstat),
     }
-    return variants, counters.mode
+    mode = f"{counters.mode} ({type(counters.read).__name__})"
+    return variants, mode
 
 
 def measure(steps: int, rounds: int) -> dict[str, Any]:

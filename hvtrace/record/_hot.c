@@ -1,6 +1,6 @@
-/* hvtrace.record._hot: the recorder's per-allreduce hot path, compiled.
+/* hvtrace.record._hot: the recorder's hot path (per allreduce, per counter reading), compiled.
  *
- * One type, Enqueue: a callable that wraps Horovod's ``_allreduce_grad_async`` (or its grouped
+ * Enqueue: a callable that wraps Horovod's ``_allreduce_grad_async`` (or its grouped
  * form) exactly as ``Tracer._enqueue_wrapper``'s pure-Python closure does
  * (hvtrace/record/optimizer.py), and polls the allreduces in flight as ``Tracer._poll_done``
  * does. The state stays on the Python ``Tracer`` (``enqueued``, ``done``, ``poll_idx``,
@@ -17,6 +17,13 @@
  * through pybind11 (the Enqueue calls it directly). Where the symbol is missing (another Horovod
  * build) the pybind11 poll is used.
  *
+ * ThreadReader: the reading of the training thread's counters at a phase boundary, as
+ * ``hvtrace.record.cpustat._schedstat_reader``'s closure does it (its CPU clock; its schedstat
+ * line only when it was off a CPU long enough since the last read, else that line again), in one
+ * call instead of three Python calls around the system call. The ``pread`` holds the GIL: a
+ * read of a procfs line does not block, and releasing the GIL there would let another thread in
+ * mid-step.
+ *
  * Built as an optional extension (pyproject.toml); when it is missing the closure runs.
  */
 #define PY_SSIZE_T_CLEAN
@@ -25,6 +32,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <time.h>
+#include <unistd.h>
 
 /* _hvdpoll.cpp: calls Horovod's PollHandle, catching what it throws (err = 1). */
 extern int hvtrace_poll_handle(void *fn, int handle, int *err);
@@ -373,6 +381,95 @@ static PyTypeObject EnqueueType = {
     .tp_methods = Enqueue_methods,
 };
 
+/* -- ThreadReader ------------------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    clockid_t clock;    /* the thread's CPU clock (pthread_getcpuclockid) */
+    int fd;             /* its schedstat file, kept open by the caller */
+    long long slack_ns; /* re-read the line when off a CPU longer than this since the last read */
+    long long off_cpu;  /* at the last read: wall time minus CPU time */
+    PyObject *raw;      /* the line of the last read (bytes) */
+} ThreadReader;
+
+static PyTypeObject ThreadReaderType;
+
+/* Read the schedstat line into self->raw (0), or -1 with OSError. */
+static int reader_pread(ThreadReader *self) {
+    char buf[64];
+    ssize_t n = pread(self->fd, buf, sizeof buf, 0);
+    if (n < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(buf, n);
+    if (raw == NULL) return -1;
+    Py_XSETREF(self->raw, raw);
+    return 0;
+}
+
+static inline int reader_cpu(ThreadReader *self, long long *out) {
+    struct timespec ts;
+    if (clock_gettime(self->clock, &ts) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    *out = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return 0;
+}
+
+static PyObject *ThreadReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"clock_id", "fd", "slack_ns", NULL};
+    long long clock_id, slack_ns;
+    int fd;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LiL", kwlist, &clock_id, &fd, &slack_ns))
+        return NULL;
+    ThreadReader *self = (ThreadReader *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->clock = (clockid_t)clock_id;
+    self->fd = fd;
+    self->slack_ns = slack_ns;
+    self->raw = NULL;
+    long long c;
+    if (reader_cpu(self, &c) < 0 || reader_pread(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->off_cpu = mono_ns() - c;
+    return (PyObject *)self;
+}
+
+static PyObject *ThreadReader_call(ThreadReader *self, PyObject *args, PyObject *kwds) {
+    long long t = mono_ns(), c;
+    if (reader_cpu(self, &c) < 0) return NULL;
+    if (t - c - self->off_cpu > self->slack_ns) {
+        if (reader_pread(self) < 0) return NULL;
+        self->off_cpu = t - c;
+    }
+    PyObject *cpu = PyLong_FromLongLong(c);
+    if (cpu == NULL) return NULL;
+    PyObject *out = PyTuple_Pack(2, cpu, self->raw);
+    Py_DECREF(cpu);
+    return out;
+}
+
+static void ThreadReader_dealloc(ThreadReader *self) {
+    Py_XDECREF(self->raw);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ThreadReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hvtrace.record._hot.ThreadReader",
+    .tp_doc = PyDoc_STR("ThreadReader(clock_id, fd, slack_ns)() -> (cpu_ns, schedstat line): "
+                        "the compiled form of hvtrace.record.cpustat._schedstat_reader (the file "
+                        "stays the caller's to close)."),
+    .tp_basicsize = sizeof(ThreadReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = ThreadReader_new,
+    .tp_dealloc = (destructor)ThreadReader_dealloc,
+    .tp_call = (ternaryfunc)ThreadReader_call,
+};
+
 static PyMethodDef module_methods[] = {
     {"horovod_poll", horovod_poll, METH_O,
      "horovod_poll(path) -> HorovodPoll or None: Horovod's PollHandle in the already loaded "
@@ -381,7 +478,8 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef hotmodule = {
-    PyModuleDef_HEAD_INIT, "_hot", "hvtrace's compiled per-allreduce hot path.", -1,
+    PyModuleDef_HEAD_INIT, "_hot",
+    "hvtrace's compiled hot path (per allreduce, per counter reading).", -1,
     module_methods,
 };
 
@@ -403,11 +501,14 @@ PyMODINIT_FUNC PyInit__hot(void) {
     monotonic_ns_func = PyObject_GetAttrString(time_mod, "monotonic_ns");
     Py_DECREF(time_mod);
     if (monotonic_ns_func == NULL) return NULL;
-    if (PyType_Ready(&EnqueueType) < 0 || PyType_Ready(&HorovodPollType) < 0) return NULL;
+    if (PyType_Ready(&EnqueueType) < 0 || PyType_Ready(&HorovodPollType) < 0 ||
+        PyType_Ready(&ThreadReaderType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&hotmodule);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&EnqueueType) < 0 ||
-        PyModule_AddObjectRef(m, "HorovodPoll", (PyObject *)&HorovodPollType) < 0) {
+        PyModule_AddObjectRef(m, "HorovodPoll", (PyObject *)&HorovodPollType) < 0 ||
+        PyModule_AddObjectRef(m, "ThreadReader", (PyObject *)&ThreadReaderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

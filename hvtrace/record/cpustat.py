@@ -18,7 +18,8 @@ A *reading* is taken at each phase boundary on the hot path and is one of:
 
 - ``(cpu_ns, schedstat_bytes)``: the thread's CPU clock (``clock_gettime`` of its
   ``pthread_getcpuclockid``) and the raw line of ``/proc/self/task/TID/schedstat`` (CPU time, run
-  queue wait and timeslices), read with ``os.pread`` from a file kept open. The line is parsed
+  queue wait and timeslices), read with ``pread`` from a file kept open (one compiled call,
+  ``hvtrace.record._hot.ThreadReader``, where it is built; else a closure). The line is parsed
   later, by the writer thread (:func:`deltas`), never on the hot path. Its first field is not used:
   the kernel updates it only at scheduler ticks and context switches while the thread runs, so it
   lags by up to a tick; the CPU clock is exact. The run queue wait (second field) is current: it
@@ -76,9 +77,10 @@ class ThreadCounters:
         self.mode = "none"
         self._fd: int | None = None
         self.read: Callable[[], Reading] = _no_reading
-        clock = _cpu_clock(self.ident)
-        if clock is None:
+        found = _cpu_clock(self.ident)
+        if found is None:
             return
+        clock, clock_id = found
         self.mode = "cputime"
         self.read = clock
         try:
@@ -95,7 +97,8 @@ class ThreadCounters:
             return
         self._fd = fd
         self.mode = "schedstat"
-        self.read = _schedstat_reader(clock, fd, RUNQ_SLACK_NS if slack_ns is None else slack_ns)
+        slack = RUNQ_SLACK_NS if slack_ns is None else slack_ns
+        self.read = _schedstat_reader(clock, fd, slack, clock_id)
 
     def close(self) -> None:
         """Close the schedstat file; later readings are ``None``."""
@@ -106,8 +109,9 @@ class ThreadCounters:
                 os.close(fd)
 
 
-def _cpu_clock(ident: int) -> Callable[[], int] | None:
-    """A function returning the thread's CPU time in ns, or None when there is none."""
+def _cpu_clock(ident: int) -> tuple[Callable[[], int], int] | None:
+    """A function returning the thread's CPU time in ns and the clock's id, or None when there
+    is none."""
     try:
         clock_id = time.pthread_getcpuclockid(ident)
         time.clock_gettime_ns(clock_id)
@@ -118,14 +122,32 @@ def _cpu_clock(ident: int) -> Callable[[], int] | None:
     def cpu_ns() -> int:
         return gettime(clock_id)
 
-    return cpu_ns
+    return cpu_ns, clock_id
+
+
+def _hot_module() -> Any:
+    """``hvtrace.record._hot`` where it was built and ``$HVTRACE_NATIVE`` is on, else None."""
+    from hvtrace import settings
+
+    try:
+        from hvtrace.record import _hot
+    except ImportError:
+        return None
+    return _hot if settings.native_hot_path() else None
 
 
 def _schedstat_reader(
-    clock: Callable[[], int], fd: int, slack_ns: int
+    clock: Callable[[], int], fd: int, slack_ns: int, clock_id: int | None = None
 ) -> Callable[[], tuple[int, bytes]]:
     """The hot-path reading: the CPU clock, and the schedstat line when it may have changed by
-    more than ``slack_ns`` since it was last read (else that line again; see the module)."""
+    more than ``slack_ns`` since it was last read (else that line again; see the module).
+
+    The compiled form (``hvtrace.record._hot.ThreadReader``, one call instead of three Python
+    calls around the system call) where it is built, ``$HVTRACE_NATIVE`` is on and ``clock_id``
+    (the CPU clock's id) is given; else this closure, which does the same."""
+    hot = _hot_module() if clock_id is not None else None
+    if hot is not None:
+        return hot.ThreadReader(clock_id, fd, slack_ns)
     pread, mono = os.pread, time.monotonic_ns
     # at the last pread: wall time minus CPU time (grows only while off a CPU), and the line
     off_cpu, raw = mono() - clock(), pread(fd, 64, 0)

@@ -63,9 +63,17 @@ def _measure(counters: ThreadCounters, fn, *args) -> tuple[int, int | None, int 
     return (t1 - t0, *deltas(c0, c1))
 
 
-@pytest.fixture()
-def counters():
+@pytest.fixture(params=["native", "python"])
+def counters(request, monkeypatch):
+    """The reader in both forms: compiled (``hvtrace.record._hot.ThreadReader``) and the
+    closure (``HVTRACE_NATIVE=0``); they must measure the same."""
+    if request.param == "native" and cpustat._hot_module() is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    monkeypatch.setenv("HVTRACE_NATIVE", "1" if request.param == "native" else "0")
     c = ThreadCounters()
+    if c.mode == "schedstat":
+        native = type(c.read).__name__ == "ThreadReader"
+        assert native == (request.param == "native")
     yield c
     c.close()
 
@@ -113,6 +121,27 @@ def test_schedstat_is_read_again_only_after_time_off_a_cpu(monkeypatch) -> None:
     # a long wait (sleep, run queue) is always seen
     assert advance(5 * MS, MS, b"9 900 5\n")[1] == b"9 900 5\n" and len(preads) == 3
     assert deltas((0, b"7 100 1\n"), (1, b"9 900 5\n")) == (1, 800)
+
+
+def test_the_line_is_kept_on_a_cpu_and_read_again_after_a_sleep(counters) -> None:
+    """Both forms, for real: a reading right after another, the thread on a CPU between them,
+    returns the same line object (no ``pread``); after a 5 ms sleep, a line read again, with the
+    thread's CPU time in it. (A preemption between two readings can force a read: the first
+    check passes once in five tries.)"""
+    if counters.mode != "schedstat":
+        pytest.skip("no /proc/self/task/TID/schedstat here")
+    kept = 0
+    for _ in range(5):
+        a, b = counters.read(), counters.read()
+        kept += b[1] is a[1]
+        assert b[0] >= a[0]
+    assert kept >= 1
+    before = counters.read()
+    _busy(2 * MS)
+    time.sleep(0.005)
+    after = counters.read()
+    assert after[1] is not before[1]
+    assert int(after[1].split()[0]) - int(before[1].split()[0]) >= MS  # the busy loop's CPU
 
 
 def test_busy_loop_is_cpu_and_sleep_is_blocked(counters: ThreadCounters) -> None:
