@@ -322,8 +322,7 @@ class Tracer:
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
             self._hooks.append(model.register_forward_hook(self._fwd_post))
-            torchpatch.patch_backward()
-            torchpatch.observer = self
+            torchpatch.observe(self)
 
     # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
@@ -646,8 +645,7 @@ class Tracer:
             except Exception:  # noqa: BLE001
                 pass
         self._hooks = []
-        if torchpatch.observer is self:
-            torchpatch.observer = None
+        torchpatch.unobserve(self)
         if self.checks is not None:
             self.checks.close()
         if self.rec.enabled:

@@ -2,14 +2,16 @@
 
 ``loss.backward()`` (``Tensor.backward``) and Lightning's backward both call
 ``torch.autograd.backward`` by its module attribute, so one wrapper there sees every backward pass
-from its call. It calls PyTorch's function unchanged; while a tracer with ``model=`` is active it
-first calls ``observer._backward_called()``, which notes the time once per backward phase (after
-the model's forward, see :meth:`hvtrace.record.optimizer.Tracer._backward_called`). Other callers
-pay one global lookup.
+from its call. It calls PyTorch's function unchanged; first it calls ``_backward_called()`` of
+each tracer with ``model=`` in :data:`observers`, which notes the time once per backward phase
+after that tracer's model's forward (:meth:`hvtrace.record.optimizer.Tracer._backward_called`):
+with two traced optimizers (a GAN's), each sees the backward after its own model's forward.
+Without a tracer it costs a global lookup and an empty loop.
 
 This replaced a pre-hook registered on the output's autograd node at every forward: measured in
-``bench/recorder_floor.py``, the pre-hook costs about 10 µs per step (registering it and the
-autograd engine calling into Python), the wrapper under 2 µs. The difference in what is timed:
+``bench/recorder_floor.py`` on the 2-core development machine, the pre-hook cost about 15 µs per
+step (registering it on a fresh node at every forward, and the autograd engine calling into
+Python mid-backward), the wrapper about 0.5 µs. The difference in what is timed:
 the wrapper's time is when ``backward()`` is called, before the engine prepares the graph; the
 pre-hook's was when the engine ran the output's node, after it.
 """
@@ -19,9 +21,23 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-#: The active tracer that times backward passes (one traced with ``model=``), else None.
-observer: Any = None
+#: The tracers that time backward passes (those traced with ``model=``, until their finish).
+observers: tuple = ()
 _patched = False
+
+
+def observe(tracer: Any) -> None:
+    """Tell ``tracer`` of every backward call from now on (installs the wrapper)."""
+    global observers
+    patch_backward()
+    if tracer not in observers:
+        observers = (*observers, tracer)
+
+
+def unobserve(tracer: Any) -> None:
+    """No more calls for ``tracer`` (its finish)."""
+    global observers
+    observers = tuple(o for o in observers if o is not tracer)
 
 
 def patch_backward() -> None:
@@ -34,8 +50,7 @@ def patch_backward() -> None:
     orig = torch.autograd.backward
 
     def backward(*args: Any, **kwargs: Any) -> Any:
-        obs = observer
-        if obs is not None:
+        for obs in observers:
             try:
                 obs._backward_called()
             except Exception as exc:  # noqa: BLE001 - never into training

@@ -1,7 +1,7 @@
 """Where a backward pass begins: PyTorch's ``torch.autograd.backward``, wrapped once
-(:mod:`hvtrace.record.torchpatch`), tells the active tracer; the tracer keeps the first call after
-a recorded forward. Real autograd here; the tracer's other state is set by hand (the real
-optimizer path, with horovodrun, is in tests/integration/test_record_horovod.py)."""
+(:mod:`hvtrace.record.torchpatch`), tells the tracers with ``model=``; each keeps the first call
+after its own recorded forward. Real autograd here; the tracer's other state is set by hand
+(the real optimizer path, with horovodrun, is in tests/integration/test_record_horovod.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def observer(monkeypatch):
     torchpatch.patch_backward()
     calls: list[str] = []
     obs = SimpleNamespace(_backward_called=lambda: calls.append("called"), fail=calls.append)
-    monkeypatch.setattr(torchpatch, "observer", obs)
+    monkeypatch.setattr(torchpatch, "observers", ())
+    torchpatch.observe(obs)
     return obs, calls
 
 
@@ -63,15 +64,15 @@ def test_pytorchs_own_error_reaches_training_unchanged(observer) -> None:
 
 def test_no_observer_no_call(monkeypatch) -> None:
     torchpatch.patch_backward()
-    monkeypatch.setattr(torchpatch, "observer", None)
+    monkeypatch.setattr(torchpatch, "observers", ())
     w = torch.ones(2, requires_grad=True)
     (w * 1).sum().backward()
     assert w.grad.tolist() == [1.0, 1.0]
 
 
-def _tracer() -> Tracer:
+def _tracer(ticks=None) -> Tracer:
     tr = Tracer.__new__(Tracer)
-    ticks = itertools.count(1_000, 1_000)
+    ticks = ticks if ticks is not None else itertools.count(1_000, 1_000)
     tr.now = lambda: next(ticks)
     tr.bwd_start, tr.fwd_start, tr.fwd_count = None, None, 0
     return tr
@@ -93,3 +94,24 @@ def test_the_first_backward_after_a_forward_begins_the_pass() -> None:
     assert first is not None
     tr._backward_called()
     assert tr.bwd_start == first
+
+
+def test_two_tracers_each_time_the_backward_after_their_own_forward(monkeypatch) -> None:
+    """Two traced optimizers with ``model=`` (a GAN's): each is told of every backward call and
+    keeps the one after its own model's forward; after its finish it is told nothing more."""
+    monkeypatch.setattr(torchpatch, "observers", ())
+    clock = itertools.count(1_000, 1_000)  # one clock for both
+    gen, disc = _tracer(clock), _tracer(clock)
+    torchpatch.observe(gen)
+    torchpatch.observe(disc)
+    torchpatch.observe(disc)  # once only
+    assert torchpatch.observers == (gen, disc)
+    w = torch.ones(2, requires_grad=True)
+    disc.fwd_count = 1  # the discriminator's forward ran
+    (w * 2).sum().backward()
+    assert disc.bwd_start is not None and gen.bwd_start is None
+    gen.fwd_count = 1  # then the generator's
+    (w * 2).sum().backward()
+    assert gen.bwd_start is not None and gen.bwd_start > disc.bwd_start
+    torchpatch.unobserve(disc)
+    assert torchpatch.observers == (gen,)
