@@ -439,6 +439,10 @@ static PyObject *ThreadReader_new(PyTypeObject *type, PyObject *args, PyObject *
 }
 
 static PyObject *ThreadReader_call(ThreadReader *self, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "ThreadReader() takes no arguments");
+        return NULL;
+    }
     long long t = mono_ns(), c;
     if (reader_cpu(self, &c) < 0) return NULL;
     if (t - c - self->off_cpu > self->slack_ns) {

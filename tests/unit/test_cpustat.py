@@ -84,6 +84,8 @@ def test_reading_is_raw_and_parsed_off_the_hot_path(counters: ThreadCounters) ->
     cpu, raw = counters.read()
     assert isinstance(cpu, int) and isinstance(raw, bytes)  # nothing parsed while recording
     assert len(raw.split()) == 3
+    with pytest.raises(TypeError):  # both forms: a reading takes nothing
+        counters.read(1)
     assert deltas((100, b"5 1000 3\n"), (350, b"5 1600 4\n")) == (250, 600)
     assert deltas(100, 350) == (250, None)  # CPU clock only
     assert deltas(None, (1, b"1 2 3")) == (None, None)
