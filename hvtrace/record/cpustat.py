@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hvtrace.record.native import hot_module
+
 #: Per-thread scheduler counters: ``cpu_ns runq_ns timeslices``.
 SCHEDSTAT_PATH = "/proc/self/task/{tid}/schedstat"
 #: A reading re-reads schedstat only when the thread may have waited longer than this (ns) since
@@ -125,17 +127,6 @@ def _cpu_clock(ident: int) -> tuple[Callable[[], int], int] | None:
     return cpu_ns, clock_id
 
 
-def _hot_module() -> Any:
-    """``hvtrace.record._hot`` where it was built and ``$HVTRACE_NATIVE`` is on, else None."""
-    from hvtrace import settings
-
-    try:
-        from hvtrace.record import _hot
-    except ImportError:
-        return None
-    return _hot if settings.native_hot_path() else None
-
-
 def _schedstat_reader(
     clock: Callable[[], int], fd: int, slack_ns: int, clock_id: int | None = None
 ) -> Callable[[], tuple[int, bytes]]:
@@ -145,7 +136,7 @@ def _schedstat_reader(
     The compiled form (``hvtrace.record._hot.ThreadReader``, one call instead of three Python
     calls around the system call) where it is built, ``$HVTRACE_NATIVE`` is on and ``clock_id``
     (the CPU clock's id) is given; else this closure, which does the same."""
-    hot = _hot_module() if clock_id is not None else None
+    hot = hot_module() if clock_id is not None else None
     if hot is not None:
         return hot.ThreadReader(clock_id, fd, slack_ns)
     pread, mono = os.pread, time.monotonic_ns

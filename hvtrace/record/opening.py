@@ -19,21 +19,11 @@ from hvtrace.clock import ClockEstimate
 from hvtrace.record.cpustat import ThreadCounters
 from hvtrace.record.elastic import ElasticState, Membership
 from hvtrace.record.header import build_header
+from hvtrace.record.native import hot_module
 from hvtrace.record.recorder import DEFAULT_BUFFER_SPANS, Recorder
 from hvtrace.record.timers import make_timer, monotonic_ns
 
-try:  # the per-allreduce hot path, compiled (an optional extension: see pyproject.toml)
-    from hvtrace.record import _hot
-except ImportError:  # not built here (no C/C++ compiler at install time)
-    _hot = None
-
 DEFAULT_TRACE_DIR = "hvtrace-trace"
-
-
-def hot_module() -> Any:
-    """:mod:`hvtrace.record._hot` where it was built and ``$HVTRACE_NATIVE`` is on, else None
-    (the pure-Python wrapper then runs: the same records)."""
-    return _hot if _hot is not None and settings.native_hot_path() else None
 
 
 def horovod_poll(mpi_ops: Any) -> Callable[[int], Any]:

@@ -71,7 +71,6 @@ K_USER = KIND_CODE["user"]
 _NAN = math.nan
 _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
 
-
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
 CLOCK_RESYNC_FIRST = 1000
 CLOCK_RESYNC_EVERY = 5000

@@ -12,11 +12,11 @@ import pytest
 from helpers import run_horovodrun, run_train, tail
 
 from hvtrace.load import load_run
-from hvtrace.record import opening
+from hvtrace.record.native import _hot
 
 pytestmark = [
     pytest.mark.horovod,
-    pytest.mark.skipif(opening._hot is None, reason="hvtrace.record._hot is not built here"),
+    pytest.mark.skipif(_hot is None, reason="hvtrace.record._hot is not built here"),
 ]
 
 POLL_SCRIPT = r"""

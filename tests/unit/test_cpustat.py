@@ -20,6 +20,7 @@ import hvtrace
 from hvtrace.record import cpustat
 from hvtrace.record import recorder as recmod
 from hvtrace.record.cpustat import ThreadCounters, deltas
+from hvtrace.record.native import hot_module
 from hvtrace.record.recorder import Recorder
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux counters")
@@ -67,7 +68,7 @@ def _measure(counters: ThreadCounters, fn, *args) -> tuple[int, int | None, int 
 def counters(request, monkeypatch):
     """The reader in both forms: compiled (``hvtrace.record._hot.ThreadReader``) and the
     closure (``HVTRACE_NATIVE=0``); they must measure the same."""
-    if request.param == "native" and cpustat._hot_module() is None:
+    if request.param == "native" and hot_module() is None:
         pytest.skip("hvtrace.record._hot is not built here")
     monkeypatch.setenv("HVTRACE_NATIVE", "1" if request.param == "native" else "0")
     c = ThreadCounters()

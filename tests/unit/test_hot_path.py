@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvtrace.record import opening
+from hvtrace.record import native
 from hvtrace.record.optimizer import Tracer, _group_key
 
 
 @pytest.fixture(params=["native", "python"])
 def impl(request, monkeypatch) -> str:
-    if request.param == "native" and opening._hot is None:
+    if request.param == "native" and native._hot is None:
         pytest.skip("hvtrace.record._hot is not built here")
     monkeypatch.setenv("HVTRACE_NATIVE", "1" if request.param == "native" else "0")
     return request.param
@@ -34,7 +34,7 @@ def test_the_compiled_wrapper_is_built_where_a_compiler_is() -> None:
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if shutil.which("cc") is None or not headers.exists():
         pytest.skip("no C compiler or no Python.h here")
-    assert opening._hot is not None
+    assert native._hot is not None
 
 
 class FakeHorovod:
@@ -139,7 +139,7 @@ def test_both_forms_record_the_same(monkeypatch, grouped) -> None:
     they happened), tensors learned once, the last gradient's time: the same in both forms."""
     got = {}
     for name in ("native", "python"):
-        if name == "native" and opening._hot is None:
+        if name == "native" and native._hot is None:
             continue
         monkeypatch.setenv("HVTRACE_NATIVE", "1" if name == "native" else "0")
         got[name] = run_backward(name, grouped)

@@ -1,0 +1,23 @@
+"""The recorder's compiled hot path (:mod:`hvtrace.record._hot`), where it was built.
+
+An optional extension (pyproject.toml): the per-allreduce wrapper, Horovod's poll called
+directly, and the counter reading. Where it is missing, or ``$HVTRACE_NATIVE`` is off, the
+pure-Python forms run and record the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hvtrace import settings
+
+try:
+    from hvtrace.record import _hot
+except ImportError:  # not built here (no C/C++ compiler at install time)
+    _hot = None
+
+
+def hot_module() -> Any:
+    """:mod:`hvtrace.record._hot` where it was built and ``$HVTRACE_NATIVE`` is on, else None
+    (the pure-Python forms then run: the same records)."""
+    return _hot if _hot is not None and settings.native_hot_path() else None
