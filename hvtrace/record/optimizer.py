@@ -53,6 +53,7 @@ from hvtrace import settings
 from hvtrace.record import collectives, consistency, elastic, hvdpatch, torchpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
+from hvtrace.record.native import PhasesBase, _hot
 from hvtrace.record.opening import Recording, hot_module, open_recording, trace_options
 from hvtrace.record.rows import Allreduces, handle_of
 from hvtrace.record.timers import monotonic_ns
@@ -74,6 +75,9 @@ _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than w
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
 CLOCK_RESYNC_FIRST = 1000
 CLOCK_RESYNC_EVERY = 5000
+
+if _hot is not None:  # what the compiled per-step hooks (Phases) need from hvtrace's modules
+    _hot.configure(KIND_CODE, Allreduces, hvdpatch, CLOCK_RESYNC_FIRST, CLOCK_RESYNC_EVERY)
 
 
 def tracing_enabled() -> bool:
@@ -232,13 +236,17 @@ def finish(sync_clock: bool = True) -> None:
         tr.finish(sync_clock=sync_clock)
 
 
-class Tracer:
+class Tracer(PhasesBase):
     """Attaches a :class:`~hvtrace.record.recorder.Recorder` to one Horovod distributed optimizer
     instance (set up by :func:`~hvtrace.record.opening.open_recording`).
 
     Per step it keeps the timer tokens and counter readings of the phase boundaries (``*_start``
     / ``*_cpu``), the step's spans so far (``rows``), and the allreduces of the current
-    ``synchronize()`` (``enqueued``, ``done``).
+    ``synchronize()`` (``enqueued``, ``done``): C fields of its base class
+    (:class:`hvtrace.record._hot.Phases`) where that was built, which also has the compiled forms
+    of the per-step hooks (``c_fwd_pre``, ``c_fwd_post``, ``c_synchronize``, ``c_step``: the same
+    steps on the same fields as ``_fwd_pre``, ``_fwd_post``, ``_synchronize``, ``_step`` below);
+    they are installed unless ``$HVTRACE_NATIVE`` is off.
     """
 
     def __init__(
@@ -307,8 +315,8 @@ class Tracer:
             dist._grouped_allreduce_grad_async = self._enqueue_wrapper(
                 dist._grouped_allreduce_grad_async, _group_key
             )
-        dist.synchronize = self._synchronize
-        dist.step = self._step
+        hooks = self.hooks()
+        dist.synchronize, dist.step = hooks["synchronize"], hooks["step"]
         dist._hvtrace = self
         collectives.install(self)
         elastic.install(self)
@@ -319,9 +327,26 @@ class Tracer:
             for acc in getattr(dist, "_grad_accs", []):
                 self._hooks.append(acc.register_hook(self._grad_ready))
         if model is not None:
-            self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
-            self._hooks.append(model.register_forward_hook(self._fwd_post))
+            self._hooks.append(model.register_forward_pre_hook(hooks["fwd_pre"]))
+            self._hooks.append(model.register_forward_hook(hooks["fwd_post"]))
             torchpatch.observe(self)
+
+    def hooks(self) -> dict[str, Any]:
+        """The per-step hooks to install: the compiled ones (:mod:`hvtrace.record._hot`'s
+        ``Phases``) where built and ``$HVTRACE_NATIVE`` is on, else the Python methods."""
+        if hot_module() is not None:
+            return {
+                "fwd_pre": self.c_fwd_pre,
+                "fwd_post": self.c_fwd_post,
+                "synchronize": self.c_synchronize,
+                "step": self.c_step,
+            }
+        return {
+            "fwd_pre": self._fwd_pre,
+            "fwd_post": self._fwd_post,
+            "synchronize": self._synchronize,
+            "step": self._step,
+        }
 
     # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:

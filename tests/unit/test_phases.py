@@ -1,0 +1,322 @@
+"""The tracer's per-step hooks in both forms: the compiled ones (``hvtrace.record._hot.Phases``:
+``c_fwd_pre``, ``c_fwd_post``, ``c_synchronize``, ``c_step``) and the Python methods
+(``HVTRACE_NATIVE=0``) must record the same spans, in the same order, with the same state after.
+
+No Horovod here: a real torch model with the hooks registered on it, the tracer's real enqueue
+wrapper around a stand-in for Horovod's enqueue, and stand-ins for Horovod's ``synchronize``
+(notes each handle done, as hvtrace's module patch does) and ``step`` (synchronizes first unless
+told not to, as Horovod's does). The timer and the counter readings are scripted, so that both
+forms see the same tokens; the wait span's own times are the host clock's and are compared by
+order only. The real Horovod path runs in tests/integration (the compiled hooks by default,
+``test_hot_path_horovod.py`` both forms).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+
+from hvtrace.record import hvdpatch, native
+from hvtrace.record import optimizer as opt
+from hvtrace.record.optimizer import Tracer
+from hvtrace.record.rows import Allreduces
+from hvtrace.schema import FLAG_END_UPPER_BOUND, KIND_CODE
+
+KIND_NAME = {v: k for k, v in KIND_CODE.items()}
+#: Host-clock times (the wait span's, synchronize's exit) are above this; scripted ones below.
+HOST_NS = 10**10
+
+
+class FakeRec:
+    """The recorder's attributes the hot path reads and writes, and what it was handed."""
+
+    def __init__(self) -> None:
+        self.enabled, self.step, self.micro, self.between_steps = True, 0, 0, True
+        self.entries: list[list] = []
+        self.failures: list[str] = []
+
+    def extend(self, entries: list) -> None:
+        self.entries.append(list(entries))
+
+    def fail(self, reason: str) -> None:
+        self.failures.append(reason)
+        self.enabled = False
+
+
+class Job:
+    """One traced optimizer over a real ``Linear`` model, driven step by step."""
+
+    def __init__(self, model: bool = True, fail_read_at: int | None = None) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(3, 2)
+        self.params = list(self.model.parameters())
+        self.x = torch.randn(4, 3)
+        self.handles = itertools.count(1)
+        self.sync_calls = 0
+        self.observer_seen: list[Any] = []
+        self.skip_sync = False
+        tr = self.tr = Tracer.__new__(Tracer)
+        ticks, reads = itertools.count(1_000, 1_000), itertools.count(1)
+
+        def read() -> tuple[str, int]:
+            n = next(reads)
+            if n == fail_read_at:
+                raise OSError("schedstat went away")
+            return ("c", n)
+
+        tr.now, tr.read, tr.rec = (lambda: next(ticks)), read, FakeRec()
+        tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, FLAG_END_UPPER_BOUND, False, model
+        tr._grad_enabled = torch.is_grad_enabled
+        tr.meta, tr.rows, tr.enqueued, tr.done, tr.done_rows = {}, [], [], [], []
+        tr.poll_idx = tr.grad_mark = 0
+        tr.poll_interval_ns, tr._poll = 0, (lambda h: 0)  # nothing completes before the wait
+        tr.step_start, tr.step_cpu = tr.now(), tr.read()
+        tr.fwd_start = tr.fwd_cpu = tr.bwd_start = tr.bwd_cpu = None
+        tr.sync_exit = tr.sync_cpu = tr.last_grad = None
+        tr.fwd_count, tr.steps_done = 0, 0
+        tr.compute_closed = tr.in_sync = False
+        tr.checks = tr.live = None
+        tr._orig_sync, tr._orig_step = self._horovod_sync, self._horovod_step
+        tr._learn = lambda key, arg, out: tr.meta.__setitem__(key, (["p"], [4], [1]))
+        self.hooks = tr.hooks()
+        self.enqueue = tr._enqueue_wrapper(lambda arg: next(self.handles), id)
+        if model:
+            self.model.register_forward_pre_hook(self.hooks["fwd_pre"])
+            self.model.register_forward_hook(self.hooks["fwd_post"])
+
+    def _horovod_sync(self) -> None:
+        self.sync_calls += 1
+        self.observer_seen.append(hvdpatch.observer is self.tr)
+        for _t, _key, h in list(self.tr.enqueued):
+            if hvdpatch.observer is not None:
+                hvdpatch.observer.done.append((h, 7))
+
+    def _horovod_step(self, closure: Any = None) -> str:
+        if not self.skip_sync:
+            self.hooks["synchronize"]()
+        return f"stepped {closure is not None}"
+
+    def forward_backward(self) -> None:
+        loss = self.model(self.x).sum()
+        self.tr._backward_called()  # what the torch.autograd.backward wrapper tells it
+        loss.backward()
+        for p in self.params:  # Horovod's gradient hooks enqueue one allreduce each
+            self.enqueue(p)
+
+    def step(self, **kw: Any) -> Any:
+        return self.hooks["step"](**kw)
+
+
+def _norm(x: Any) -> Any:
+    """Host-clock ints become 'T' (both forms read the clock at different moments)."""
+    if isinstance(x, Allreduces):
+        return ("Allreduces", _norm(tuple(x[:6])), sorted(map(str, x.meta)) and len(x.meta))
+    if isinstance(x, (tuple, list)):
+        return type(x)(_norm(v) for v in x)
+    if isinstance(x, int) and not isinstance(x, bool) and x > HOST_NS:
+        return "T"
+    if isinstance(x, float) and x != x:
+        return "nan"
+    return x
+
+
+def _transcript(job: Job) -> dict[str, Any]:
+    tr, rec = job.tr, job.tr.rec
+    return {
+        "entries": _norm(rec.entries),
+        "rows": _norm(tr.rows),
+        "step": rec.step,
+        "micro": rec.micro,
+        "between_steps": rec.between_steps,
+        "failures": rec.failures,
+        "steps_done": tr.steps_done,
+        "state": _norm(
+            (tr.step_start, tr.step_cpu, tr.fwd_start, tr.bwd_start, tr.sync_exit, tr.last_grad)
+        ),
+        "flags": (tr.fwd_count, tr.compute_closed, tr.in_sync, tr.poll_idx, tr.grad_mark),
+        "sync_calls": job.sync_calls,
+        "observer_seen": job.observer_seen,
+        "observer_after": hvdpatch.observer,
+    }
+
+
+def _scenario(name: str) -> dict[str, Any]:
+    """Run one scenario to its end; return its transcript and the step() results."""
+    job = Job(model=name != "no_model", fail_read_at=9 if name == "fail_read" else None)
+    if name == "disabled":
+        job.tr.rec.enabled = False
+    out = []
+    for i in range(3):
+        if name == "micro":  # backward_passes_per_step=2: two forward/backward before the step
+            job.forward_backward()
+        if name == "eval" and i == 1:
+            with torch.no_grad():
+                job.model(job.x)  # an evaluation forward between steps: no phase
+        job.forward_backward()
+        if name == "sync_then_skip":  # synchronize(); clip; with skip_synchronize(): step()
+            job.hooks["synchronize"]()
+            job.skip_sync = True
+        if name == "no_sync":  # Adasum-like: the step never synchronizes
+            job.skip_sync = True
+        out.append(job.step(closure=(lambda: 0)) if name == "closure" else job.step())
+        job.skip_sync = False
+    return {"transcript": _transcript(job), "out": out}
+
+
+SCENARIOS = [
+    "plain",
+    "micro",
+    "eval",
+    "sync_then_skip",
+    "no_sync",
+    "no_model",
+    "disabled",
+    "fail_read",
+    "closure",
+]
+
+
+@pytest.fixture
+def both(monkeypatch):
+    """Run a scenario with the compiled hooks, then with the Python ones."""
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+
+    def run(name: str) -> tuple[dict, dict]:
+        res = {}
+        for form in ("1", "0"):
+            monkeypatch.setenv("HVTRACE_NATIVE", form)
+            res[form] = _scenario(name)
+        return res["1"], res["0"]
+
+    return run
+
+
+def test_the_compiled_hooks_are_installed_unless_native_is_off(monkeypatch) -> None:
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    hooks = Job(model=False).hooks
+    assert type(hooks["step"]).__name__ == "builtin_function_or_method"
+    assert hooks["fwd_pre"].__name__ == "c_fwd_pre"
+    monkeypatch.setenv("HVTRACE_NATIVE", "0")
+    assert Job(model=False).hooks["synchronize"].__name__ == "_synchronize"
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_both_forms_record_the_same(both, name) -> None:
+    compiled, python = both(name)
+    assert compiled == python
+
+
+def _kinds(entries: list) -> list[list[str]]:
+    return [[e[0] if isinstance(e[0], str) else KIND_NAME[e[2]] for e in step] for step in entries]
+
+
+def test_a_step_with_a_model_has_its_phases_in_order(both) -> None:
+    """What is recorded, not only that both forms agree: per step input, forward, backward, the
+    wait and its allreduces, update, step; the phases tile the step (each starts where the one
+    before ended, except the wait, timed by the host clock)."""
+    compiled, _ = both("plain")
+    t = compiled["transcript"]
+    expect = ["input", "forward", "backward", "wait", "Allreduces", "update", "step"]
+    assert _kinds(t["entries"]) == [expect] * 3
+    assert t["step"] == 3 and t["steps_done"] == 3 and t["failures"] == []
+    assert t["sync_calls"] == 3 and t["observer_seen"] == [True] * 3
+    assert t["observer_after"] is None and t["between_steps"] is True
+    first = t["entries"][0]
+    inp, fwd, bwd, wait, ar, upd, step = first
+    assert inp[4] == 1_000 and inp[5] == fwd[4] and fwd[5] < bwd[4]  # backward() after the loss
+    assert bwd[5] == "T" or bwd[5] > bwd[4]  # the last gradient's enqueue
+    assert wait[3] == "synchronize" and wait[4] == wait[5] == "T" and wait[9] == 0
+    assert ar[1][2] == FLAG_END_UPPER_BOUND and len(ar[1][3]) == 2  # two tensors enqueued
+    assert upd[4] == "T" and step[4] == 1_000 and step[5] == upd[5]  # update from sync's exit
+    # the counter readings tile the step: each phase's start reading is the last one's end
+    readings = [inp[10], inp[11], fwd[11], bwd[11], wait[11], upd[11]]
+    assert readings == [("c", 1), ("c", 2), ("c", 3), ("c", 4), ("c", 5), ("c", 6)]
+    assert step[10:] == (("c", 1), ("c", 6)) and compiled["out"] == ["stepped False"] * 3
+
+
+def test_micro_steps_and_the_skip_pattern(both) -> None:
+    micro, _ = both("micro")
+    kinds = _kinds(micro["transcript"]["entries"])
+    assert kinds[0][:5] == ["input", "forward", "backward", "forward", "backward"]
+    assert [r[1] for r in micro["transcript"]["entries"][0][3:5]] == [1, 1]  # micro-step 1
+    skip, _ = both("sync_then_skip")
+    assert skip["transcript"]["sync_calls"] == 3
+    assert _kinds(skip["transcript"]["entries"])[0][-2:] == ["update", "step"]
+    nosync, _ = both("no_sync")
+    kinds = _kinds(nosync["transcript"]["entries"])
+    assert kinds == [["input", "forward", "backward", "update", "step"]] * 3
+    assert nosync["transcript"]["sync_calls"] == 0
+
+
+def test_without_a_model_compute_is_one_phase(both) -> None:
+    compiled, _ = both("no_model")
+    assert (
+        _kinds(compiled["transcript"]["entries"])
+        == [["compute", "wait", "Allreduces", "update", "step"]] * 3
+    )
+
+
+def test_an_evaluation_forward_is_no_phase(both) -> None:
+    compiled, _ = both("eval")
+    kinds = _kinds(compiled["transcript"]["entries"])
+    assert kinds[1] == ["input", "forward", "backward", "wait", "Allreduces", "update", "step"]
+
+
+def test_disabled_recording_still_counts_steps(both) -> None:
+    compiled, _ = both("disabled")
+    t = compiled["transcript"]
+    assert t["entries"] == [] and t["steps_done"] == 3 and t["step"] == 0
+    assert t["sync_calls"] == 3 and compiled["out"] == ["stepped False"] * 3
+
+
+def test_a_failure_inside_disables_tracing_and_training_goes_on(both) -> None:
+    """The 9th counter reading raises (in the second step's forward): one failure, naming the
+    error; the steps all run and return Horovod's result; what was recorded before stays."""
+    compiled, _ = both("fail_read")
+    t = compiled["transcript"]
+    assert t["failures"] == ["OSError: schedstat went away"]
+    assert compiled["out"] == ["stepped False"] * 3 and t["steps_done"] == 3
+    assert len(t["entries"]) == 1 and t["sync_calls"] == 3
+
+
+def test_step_passes_the_closure(both) -> None:
+    compiled, _ = both("closure")
+    assert compiled["out"] == ["stepped True"] * 3
+
+
+def test_live_and_the_clock_collective_are_called_at_their_steps(both, monkeypatch) -> None:
+    """Live detection gets each step's entries; the clock collective runs at the scheduled
+    steps (here 2, then every 3rd), and the next step starts after it."""
+    first, every = opt.CLOCK_RESYNC_FIRST, opt.CLOCK_RESYNC_EVERY
+    monkeypatch.setattr(opt, "CLOCK_RESYNC_FIRST", 2)
+    monkeypatch.setattr(opt, "CLOCK_RESYNC_EVERY", 3)
+    native._hot.configure(KIND_CODE, Allreduces, hvdpatch, 2, 3)
+    seen: dict[str, Any] = {}
+    try:
+        for form in ("1", "0"):
+            monkeypatch.setenv("HVTRACE_NATIVE", form)
+            seen[form] = _seven_steps_watched()
+    finally:
+        native._hot.configure(KIND_CODE, Allreduces, hvdpatch, first, every)
+    assert seen["1"] == seen["0"]
+    assert seen["1"][0] == [7] * 7 and seen["1"][1] == [2, 3, 6]
+
+
+def _seven_steps_watched() -> tuple[list[int], list[int], Any]:
+    """Seven steps with live detection and the clock collective stood in for: the number of
+    entries live got per step, the steps the collective ran at, where the last step began."""
+    job = Job()
+    live: list = []
+    resyncs: list = []
+    job.tr.live = type("Live", (), {"on_step": lambda self, rows: live.append(rows)})()
+    job.tr.resync_clock = lambda: resyncs.append(job.tr.steps_done)
+    for _ in range(7):
+        job.forward_backward()
+        job.step()
+    return [len(x) for x in live], resyncs, _norm(job.tr.step_start)
