@@ -62,7 +62,7 @@ def measure(checks: int, steps: int, threads: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as d:
         rec = Recorder(d, {"rank": 0, "run_id": "bench", "size": 1})
-        tracer = SimpleNamespace(rec=rec, dist=opt, is_cuda=False, fail=rec.fail)
+        tracer = SimpleNamespace(rec=rec, dist=opt, is_cuda=False, fail=rec.fail, rows=[])
         c = ConsistencyChecks(tracer, every=1)
         c.on_step(0)  # warm-up (and the parameter list)
         check_us, lr_us = [], []

@@ -774,7 +774,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--hook-tensors",
         type=int,
         default=100,
-        help="gradient tensors of the larger hook model (the smaller has 10)",
+        help="gradient tensors of the larger hook model",
+    )
+    p.add_argument(
+        "--hook-tensors-lo",
+        type=int,
+        default=10,
+        help="gradient tensors of the smaller hook model (even, >= 2): the per-step figure is the "
+        "line's value at 0 tensors, so a smaller model carries less of the slope's noise into it",
     )
     p.add_argument(
         "--tracer-only",
@@ -809,7 +816,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="where to write files (default: a temp dir)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--_tracer-child", default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    lo, hi = args.hook_tensors_lo, args.hook_tensors
+    if lo < 2 or lo % 2 or hi <= lo:
+        p.error(f"--hook-tensors-lo {lo}: an even number >= 2, below --hook-tensors ({hi})")
+    return args
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -876,7 +887,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log.info("Tracer cost: %d steps per arm in a one-rank Horovod child", args.hook_steps)
             try:
                 results["tracer"] = tracer_cost(
-                    10,
+                    args.hook_tensors_lo,
                     args.hook_tensors,
                     args.hook_steps,
                     root / "tracer",

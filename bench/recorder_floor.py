@@ -181,6 +181,15 @@ def measure(steps: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def print_rows(res: dict[str, Any], label: str, width: int) -> None:
+    """A markdown table of ``res["added_us"]`` (µs/step per variant) and its rounds."""
+    print(f"| {label:{width}s} | µs/step | rounds |")
+    print(f"| {'-' * width} | ------: | ------ |")
+    for n, v in res["added_us"].items():
+        rounds = ", ".join(f"{x:.1f}" for x in res["added_us_rounds"][n])
+        print(f"| {n:{width}s} | {v:7.1f} | {rounds} |")
+
+
 def print_table(res: dict[str, Any]) -> None:
     """The figures, and the floor against issue 20's per-step goal."""
     print(
@@ -188,11 +197,7 @@ def print_table(res: dict[str, Any]) -> None:
         f"model ({res['plain_step_cpu_us']:.1f} µs/step), {res['steps']} steps x "
         f"{res['rounds']} rounds; readings: {res['reading_mode']}\n"
     )
-    print(f"| {'variant':34s} | µs/step | rounds |")
-    print(f"| {'-' * 34} | ------: | ------ |")
-    for n, v in res["added_us"].items():
-        rounds = ", ".join(f"{x:.1f}" for x in res["added_us_rounds"][n])
-        print(f"| {n:34s} | {v:7.1f} | {rounds} |")
+    print_rows(res, "variant", 34)
     floor = res["added_us"]["+ backward wrapper + 5 readings"]
     verdict = "below" if floor <= GOAL_PER_STEP_US else "above"
     print(

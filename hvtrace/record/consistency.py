@@ -120,7 +120,10 @@ class ConsistencyChecks:
     # -- per step (hot path: one float and one row per param group) ----------------------------
     def on_step(self, step: int) -> None:
         """Record the learning rates of step ``step`` and, every ``every`` steps, the parameters'
-        fingerprints (before the update). Never raises: a failure disables tracing."""
+        fingerprints (before the update). Never raises: a failure disables tracing.
+
+        The learning-rate rows join the step's spans (``tracer.rows``), which the tracer hands to
+        the recorder at the step's end: one list append per param group here, no call."""
         rec = self.rec
         if not rec.enabled:
             return
@@ -129,16 +132,14 @@ class ConsistencyChecks:
             if len(groups) != self._n_groups:
                 self._refresh()
             t = monotonic_ns()
-            names, add = self._lr_names, rec.add
-            for i, g in enumerate(groups):
+            rows, micro = self.tracer.rows, rec.micro  # handed over with the step's spans
+            for name, g in zip(self._lr_names, groups):
                 lr = g.get("lr")
-                if lr is None:
-                    continue
                 if lr.__class__ is not float:
-                    lr = self._number(lr)
+                    lr = None if lr is None else self._number(lr)
                     if lr is None:
                         continue
-                add(_K_SCALAR, names[i], t, t, value=lr, step=step)
+                rows.append((step, micro, _K_SCALAR, name, t, t, 0, 0, lr, 0))
             if self.pending:
                 self.collect()
             if self.every and step % self.every == 0:

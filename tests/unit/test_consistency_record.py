@@ -57,7 +57,7 @@ def test_device_fingerprint_sees_a_swap_of_two_elements() -> None:
 
 class _Tracer(SimpleNamespace):
     """What the checks use of a tracer: ``rec``, ``dist`` (param_groups, _parameter_names),
-    ``is_cuda`` and ``fail``."""
+    ``is_cuda``, ``rows`` (the step's spans, where the learning rates go) and ``fail``."""
 
     def fail(self, exc: object) -> None:
         self.failures.append(str(exc))
@@ -76,14 +76,20 @@ def setup(tmp_path):
         ]
     )
     opt._parameter_names = {p: n for n, p in model.named_parameters()}
-    tracer = _Tracer(rec=rec, dist=opt, is_cuda=False, failures=[])
+    tracer = _Tracer(rec=rec, dist=opt, is_cuda=False, failures=[], rows=[])
+    rec.tracer = tracer  # (what _rows reads the step's rows from)
     yield rec, model, opt, tracer
     rec.close()
     recmod._set_active(None)
 
 
 def _rows(rec: Recorder) -> list[tuple]:
-    return [e for e in rec._buf if type(e) is tuple and e[2] == KIND_CODE["scalar"]]
+    """The scalar rows recorded: in the recorder's buffer, and the learning rates still among
+    the tracer's rows of the step (handed over at the step's end)."""
+    rows = [*rec._buf, *rec.tracer.rows]
+    return sorted(
+        (e for e in rows if type(e) is tuple and e[2] == KIND_CODE["scalar"]), key=lambda e: e[0]
+    )
 
 
 @pytest.mark.parametrize("device", [False, True])

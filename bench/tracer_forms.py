@@ -1,0 +1,171 @@
+"""The tracer's per-step hooks, compiled against Python, side by side in one process.
+
+    .venv/bin/python bench/tracer_forms.py [--steps 4000] [--rounds 5] [--tensors 2] [--json PATH]
+
+``format_bench.py --tracer-only`` gives hvtrace's whole added cost per step and per allreduce,
+but each of its figures comes from separate processes whose medians spread 2-4x from one to the
+next (one process's memory layout and cores against another's), so a change of a few µs per
+step hides in it. Here three optimizers train three identical models in one one-rank Horovod job
+(``HOROVOD_ELASTIC=1`` makes Horovod register its gradient hooks with one rank, as in
+``format_bench.py``'s child), their steps taken in turn, the order rotated every step:
+
+- ``plain``: ``hvd.DistributedOptimizer``, untraced;
+- ``compiled``: ``hvtrace.DistributedOptimizer(model=...)`` as shipped (the per-step hooks of
+  :class:`hvtrace.record._hot.Phases`, the compiled enqueue and reading);
+- ``python``: the same, with the Python forms of the per-step hooks installed in their place
+  (``Tracer._fwd_pre``, ``_fwd_post``, ``_synchronize``, ``_step``: what ``$HVTRACE_NATIVE=0``
+  installs), the enqueue wrapper and the counter reading still compiled, so that only the hooks
+  differ.
+
+Each step is timed with ``time.thread_time_ns`` (the main thread's CPU); an arm's figure is the
+median over steps of its step minus the plain step of the same turn: hvtrace's added CPU per step
+with ``--tensors`` gradient tensors (their allreduces included: about 2 µs each). Both traced arms
+share the ``torch.autograd.backward`` wrapper, which the plain arm's steps run through too (an
+empty loop for the others' tracers); the learning-rate row, live detection's hand-over and the
+recorder's writer thread are each tracer's own, as in a real job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorder_floor import print_rows
+
+os.environ.setdefault("HOROVOD_ELASTIC", "1")  # gradient hooks with one rank (before Horovod)
+os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.01")
+
+log = logging.getLogger("tracer_forms")
+
+#: Issue 20's goal for hvtrace's whole per-step cost (µs).
+GOAL_PER_STEP_US = 15.0
+
+
+def python_hooks(opt: Any, model: Any) -> None:
+    """Install the tracer's Python per-step hooks in place of the compiled ones."""
+    tr = opt._hvtrace
+    for h in tr._hooks[-2:]:  # the model's forward pre- and post-hook, registered last
+        h.remove()
+    tr._hooks[-2:] = [
+        model.register_forward_pre_hook(tr._fwd_pre),
+        model.register_forward_hook(tr._fwd_post),
+    ]
+    opt.synchronize, opt.step = tr._synchronize, tr._step
+
+
+def measure(steps: int, rounds: int, tensors: int, trace_dir: str) -> dict[str, Any]:
+    """Per traced arm: the added main-thread CPU per step (µs), per round and their median."""
+    import horovod.torch as hvd
+    import torch
+    from torch import nn
+
+    import hvtrace
+    from hvtrace.record.native import hot_module
+
+    if hot_module() is None:
+        raise SystemExit("hvtrace.record._hot is not built here (or HVTRACE_NATIVE is off)")
+    hvd.init()
+    torch.set_num_threads(1)
+
+    def arm(name: str) -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(tensors // 2)])
+        named = [(f"{name}.{n}", p) for n, p in model.named_parameters()]
+        sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+        if name == "plain":
+            return model, hvd.DistributedOptimizer(sgd, named_parameters=named)
+        opt = hvtrace.DistributedOptimizer(
+            sgd, named_parameters=named, trace_dir=os.path.join(trace_dir, name), model=model
+        )
+        if name == "python":
+            python_hooks(opt, model)
+        return model, opt
+
+    arms = {n: arm(n) for n in ("plain", "compiled", "python")}
+    hooks = {n: type(arms[n][1].step).__name__ for n in arms}
+    x = torch.randn(4, 8)
+
+    def one_step(name: str) -> int:
+        model, opt = arms[name]
+        t0 = time.thread_time_ns()
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        return time.thread_time_ns() - t0
+
+    names = list(arms)
+    added: dict[str, list[float]] = {"compiled": [], "python": []}
+    plain_us: list[float] = []
+    for r in range(rounds):
+        times: dict[str, list[int]] = {n: [] for n in names}
+        for i in range(steps + 50):
+            k = i % len(names)
+            for n in names[k:] + names[:k]:
+                ns = one_step(n)
+                if i >= 50:  # warm-up
+                    times[n].append(ns)
+        plain = times["plain"]
+        plain_us.append(statistics.median(plain) / 1e3)
+        for n in added:
+            added[n].append(statistics.median(a - b for a, b in zip(times[n], plain)) / 1e3)
+        log.info("round %d/%d done", r + 1, rounds)
+    hvtrace.finish(sync_clock=False)
+    return {
+        "steps": steps,
+        "rounds": rounds,
+        "tensors": tensors,
+        "step_types": hooks,
+        "plain_step_cpu_us": statistics.median(plain_us),
+        "added_us": {n: statistics.median(v) for n, v in added.items()},
+        "added_us_rounds": added,
+    }
+
+
+def print_table(res: dict[str, Any]) -> None:
+    """The figures, and the difference between the forms."""
+    print(
+        f"\nAdded main-thread CPU per step (µs), {res['tensors']} gradient tensors, median of "
+        f"paired differences against the plain optimizer ({res['plain_step_cpu_us']:.1f} µs/step),"
+        f" {res['steps']} steps x {res['rounds']} rounds, one process\n"
+    )
+    print_rows(res, "per-step hooks", 14)
+    diffs = [
+        p - c for c, p in zip(res["added_us_rounds"]["compiled"], res["added_us_rounds"]["python"])
+    ]
+    print(
+        f"\nThe compiled hooks save {statistics.median(diffs):.1f} µs per step (rounds: "
+        f"{', '.join(f'{d:.1f}' for d in diffs)}); goal for the whole per-step cost: "
+        f"{GOAL_PER_STEP_US:.0f} µs (allreduces included here: see format_bench.py for the split)."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison and print it (and write JSON with ``--json``)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=4000, help="steps per arm per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tensors", type=int, default=2, help="gradient tensors (even, >= 2)")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    if args.tensors < 2 or args.tensors % 2:
+        p.error("--tensors: an even number >= 2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    with tempfile.TemporaryDirectory(prefix="hvtrace-forms-") as d:
+        res = measure(args.steps, args.rounds, args.tensors, d)
+    print_table(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
