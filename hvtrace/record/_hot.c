@@ -1075,6 +1075,110 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* -- HandleWait: Horovod's module-level synchronize(handle), wrapped ---------------------------
+ * The compiled form of hvtrace.record.hvdpatch's wrapper: calls Horovod's function unchanged,
+ * then, while a traced optimizer is inside its own synchronize() (hvdpatch.observer is its
+ * tracer), appends (handle, now()) to that tracer's done list. An error of hvtrace's goes to the
+ * tracer's fail(); Horovod's pass through unchanged. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *orig;
+} HandleWait;
+
+/* obs.done.append((handle, obs.now())): 0, or -1 with an error. */
+static int note_done(PyObject *obs, PyObject *handle) {
+    PyObject *t, *done;
+    if (PyObject_TypeCheck(obs, &PhasesType)) {
+        Phases *ph = (Phases *)obs;
+        if (list_field(ph->done, "done") < 0) return -1;
+        t = ph_now(ph);
+        done = Py_NewRef(ph->done);
+    } else { /* (an observer of another kind: its attributes) */
+        done = PyObject_GetAttrString(obs, "done");
+        t = done ? PyObject_CallMethod(obs, "now", NULL) : NULL;
+    }
+    PyObject *pair = t ? PyTuple_Pack(2, handle, t) : NULL;
+    int rc = pair == NULL ? -1 : (PyList_Check(done) ? PyList_Append(done, pair) : -1);
+    if (pair != NULL && !PyList_Check(done))
+        PyErr_SetString(PyExc_TypeError, "tracer.done is not a list");
+    Py_XDECREF(pair);
+    Py_XDECREF(t);
+    Py_XDECREF(done);
+    return rc;
+}
+
+static PyObject *handle_wait_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    HandleWait *self = (HandleWait *)callable;
+    PyObject *out = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    if (out == NULL || PyVectorcall_NARGS(nargsf) != 1 || (kwnames && PyTuple_GET_SIZE(kwnames)) ||
+        hvdpatch_mod == NULL)
+        return out;
+    PyObject *obs = PyObject_GetAttr(hvdpatch_mod, s_observer);
+    if (obs == NULL) { /* (hvdpatch always has it) */
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (obs != Py_None && note_done(obs, args[0]) < 0 && hand_to_fail(obs) < 0) Py_CLEAR(out);
+    Py_DECREF(obs);
+    return out;
+}
+
+static PyObject *HandleWait_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"orig", NULL};
+    PyObject *orig;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:HandleWait", kwlist, &orig)) return NULL;
+    if (check_configured() < 0) return NULL;
+    HandleWait *self = (HandleWait *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = handle_wait_vectorcall;
+    self->orig = Py_NewRef(orig);
+    return (PyObject *)self;
+}
+
+static int HandleWait_traverse(HandleWait *self, visitproc visit, void *arg) {
+    Py_VISIT(self->orig);
+    return 0;
+}
+
+static int HandleWait_clear(HandleWait *self) {
+    Py_CLEAR(self->orig);
+    return 0;
+}
+
+static void HandleWait_dealloc(HandleWait *self) {
+    PyObject_GC_UnTrack(self);
+    HandleWait_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *HandleWait_get_wrapped(HandleWait *self, void *closure) {
+    return Py_NewRef(self->orig);
+}
+
+static PyGetSetDef HandleWait_getset[] = {
+    {"__wrapped__", (getter)HandleWait_get_wrapped, NULL, "Horovod's function, wrapped", NULL},
+    {NULL},
+};
+
+static PyTypeObject HandleWaitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hvtrace.record._hot.HandleWait",
+    .tp_doc = PyDoc_STR("HandleWait(orig): Horovod's synchronize(handle), noting when each wait "
+                        "returns (the compiled form of hvtrace.record.hvdpatch's wrapper)."),
+    .tp_basicsize = sizeof(HandleWait),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = HandleWait_new,
+    .tp_dealloc = (destructor)HandleWait_dealloc,
+    .tp_traverse = (traverseproc)HandleWait_traverse,
+    .tp_clear = (inquiry)HandleWait_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(HandleWait, vectorcall),
+    .tp_getset = HandleWait_getset,
+};
+
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(kinds, allreduces, hvdpatch, resync_first, resync_every): what the compiled "
@@ -1111,7 +1215,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     Py_DECREF(time_mod);
     if (monotonic_ns_func == NULL) return NULL;
     if (PyType_Ready(&EnqueueType) < 0 || PyType_Ready(&HorovodPollType) < 0 ||
-        PyType_Ready(&ThreadReaderType) < 0 || PyType_Ready(&PhasesType) < 0)
+        PyType_Ready(&ThreadReaderType) < 0 || PyType_Ready(&PhasesType) < 0 ||
+        PyType_Ready(&HandleWaitType) < 0)
         return NULL;
     if ((zero_obj = PyLong_FromLong(0)) == NULL || (one_obj = PyLong_FromLong(1)) == NULL ||
         (nan_obj = PyFloat_FromDouble(Py_NAN)) == NULL)
@@ -1121,7 +1226,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     if (PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&EnqueueType) < 0 ||
         PyModule_AddObjectRef(m, "HorovodPoll", (PyObject *)&HorovodPollType) < 0 ||
         PyModule_AddObjectRef(m, "ThreadReader", (PyObject *)&ThreadReaderType) < 0 ||
-        PyModule_AddObjectRef(m, "Phases", (PyObject *)&PhasesType) < 0) {
+        PyModule_AddObjectRef(m, "Phases", (PyObject *)&PhasesType) < 0 ||
+        PyModule_AddObjectRef(m, "HandleWait", (PyObject *)&HandleWaitType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

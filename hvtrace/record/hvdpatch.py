@@ -4,12 +4,16 @@ returns.
 ``horovod.torch.optimizer.synchronize`` is the name Horovod's optimizers call, once per handle,
 inside their ``synchronize()``. The wrapper calls Horovod's function unchanged; while a traced
 optimizer is inside its own ``synchronize()`` (and only then: untraced optimizers pay one global
-lookup), it appends ``(handle, now())`` to that optimizer's list of observed completions.
+lookup), it appends ``(handle, now())`` to that optimizer's list of observed completions. Where
+:mod:`hvtrace.record._hot` is built (and ``$HVTRACE_NATIVE`` is on when the first tracer starts)
+the wrapper is its ``HandleWait``, which does the same in one compiled call.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from hvtrace.record.native import hot_module
 
 #: The traced optimizer's tracer while it is inside its own ``synchronize()``, else None. (Not a
 #: registry: the active tracer is :func:`hvtrace.record.recorder.active_tracer`.)
@@ -24,7 +28,16 @@ def patch_module_synchronize() -> None:
         return
     import horovod.torch.optimizer as hopt
 
-    orig = hopt.synchronize
+    hopt.synchronize = wrap(hopt.synchronize)
+    _patched = True
+
+
+def wrap(orig: Any) -> Any:
+    """Horovod's ``orig`` (``synchronize(handle)``), noting when each wait returns: the compiled
+    wrapper where :func:`~hvtrace.record.native.hot_module` has it, else the closure (the same)."""
+    hot = hot_module()
+    if hot is not None:
+        return hot.HandleWait(orig)
 
     def synchronize(handle: Any) -> Any:
         out = orig(handle)
@@ -37,5 +50,4 @@ def patch_module_synchronize() -> None:
         return out
 
     synchronize.__wrapped__ = orig  # type: ignore[attr-defined]
-    hopt.synchronize = synchronize
-    _patched = True
+    return synchronize

@@ -320,3 +320,50 @@ def _seven_steps_watched() -> tuple[list[int], list[int], Any]:
         job.forward_backward()
         job.step()
     return [len(x) for x in live], resyncs, _norm(job.tr.step_start)
+
+
+class HorovodWaitError(RuntimeError):
+    pass
+
+
+def _waits(form: str, monkeypatch) -> dict[str, Any]:
+    """Horovod's module synchronize(handle), wrapped in one form: what an observing tracer
+    notes, what an error of Horovod's and one of hvtrace's do."""
+    monkeypatch.setenv("HVTRACE_NATIVE", form)
+    monkeypatch.setattr(hvdpatch, "observer", None)
+
+    def horovod_wait(handle: int) -> str:
+        if handle < 0:
+            raise HorovodWaitError(f"handle {handle} failed")
+        return f"result {handle}"
+
+    wait = hvdpatch.wrap(horovod_wait)
+    job = Job(model=False)
+    tr = job.tr
+    out = {"type": type(wait).__name__, "wrapped": wait.__wrapped__ is horovod_wait}
+    out["unobserved"] = wait(1)  # no traced synchronize() running: nothing noted
+    monkeypatch.setattr(hvdpatch, "observer", tr)
+    out["observed"] = [wait(2), wait(3)]
+    with pytest.raises(HorovodWaitError, match="handle -1 failed"):
+        wait(-1)  # Horovod's own error, unchanged; nothing noted
+    out["done"] = list(tr.done)
+    tr.done = "not a list"  # hvtrace's own error: tracing off, Horovod's result still returned
+    out["after_failure"] = wait(4)
+    out["failures"] = list(tr.rec.failures)
+    return out
+
+
+def test_the_handle_wait_wrapper_notes_each_wait_in_both_forms(monkeypatch) -> None:
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    compiled, python = _waits("1", monkeypatch), _waits("0", monkeypatch)
+    assert compiled.pop("type") == "HandleWait" and python.pop("type") == "function"
+    # the same, but for how the error inside hvtrace reads (TypeError / AttributeError)
+    failures = compiled.pop("failures"), python.pop("failures")
+    assert compiled == python
+    assert compiled["wrapped"] and compiled["unobserved"] == "result 1"
+    assert compiled["observed"] == ["result 2", "result 3"]
+    assert compiled["done"] == [(2, 2_000), (3, 3_000)]  # (handle, the tracer's now())
+    assert compiled["after_failure"] == "result 4"
+    assert [len(f) for f in failures] == [1, 1]
+    assert "tracer.done is not a list" in failures[0][0] and "append" in failures[1][0]
