@@ -49,7 +49,9 @@ class FakeRec:
 class Job:
     """One traced optimizer over a real ``Linear`` model, driven step by step."""
 
-    def __init__(self, model: bool = True, fail_read_at: int | None = None) -> None:
+    def __init__(
+        self, model: bool = True, fail_read_at: int | None = None, cuda: bool = False
+    ) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Linear(3, 2)
         self.params = list(self.model.parameters())
@@ -67,8 +69,10 @@ class Job:
                 raise OSError("schedstat went away")
             return ("c", n)
 
-        tr.now, tr.read, tr.rec = (lambda: next(ticks)), read, FakeRec()
-        tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, FLAG_END_UPPER_BOUND, False, model
+        # CUDA timers: tokens are events (here tuples), resolved later by the writer
+        now = (lambda: ("event", next(ticks))) if cuda else (lambda: next(ticks))
+        tr.now, tr.read, tr.rec = now, read, FakeRec()
+        tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, FLAG_END_UPPER_BOUND, cuda, model
         tr._grad_enabled = torch.is_grad_enabled
         tr.meta, tr.rows, tr.enqueued, tr.done, tr.done_rows = {}, [], [], [], []
         tr.poll_idx = tr.grad_mark = 0
@@ -145,7 +149,11 @@ def _transcript(job: Job) -> dict[str, Any]:
 
 def _scenario(name: str) -> dict[str, Any]:
     """Run one scenario to its end; return its transcript and the step() results."""
-    job = Job(model=name != "no_model", fail_read_at=9 if name == "fail_read" else None)
+    job = Job(
+        model=name != "no_model",
+        fail_read_at=9 if name == "fail_read" else None,
+        cuda=name == "cuda",
+    )
     if name == "disabled":
         job.tr.rec.enabled = False
     out = []
@@ -176,6 +184,7 @@ SCENARIOS = [
     "disabled",
     "fail_read",
     "closure",
+    "cuda",
 ]
 
 
@@ -283,6 +292,23 @@ def test_a_failure_inside_disables_tracing_and_training_goes_on(both) -> None:
     assert t["failures"] == ["OSError: schedstat went away"]
     assert compiled["out"] == ["stepped False"] * 3 and t["steps_done"] == 3
     assert len(t["entries"]) == 1 and t["sync_calls"] == 3
+
+
+def test_with_cuda_timers_the_phases_end_at_events(both) -> None:
+    """CUDA timers (written, not run on a GPU here): the phase boundaries are the timer's
+    tokens (events), synchronize's exit too (the update starts there); the wait span keeps the
+    host clock; no polling (the enqueue wrapper gets no poll)."""
+    compiled, _ = both("cuda")
+    t = compiled["transcript"]
+    assert (
+        _kinds(t["entries"])
+        == [["input", "forward", "backward", "wait", "Allreduces", "update", "step"]] * 3
+    )
+    inp, fwd, bwd, wait, ar, upd, step = t["entries"][1]
+    assert step[4] == inp[4] and step[5] == upd[5]
+    assert inp[4][0] == "event" and fwd[5][0] == "event" and bwd[4][0] == "event"
+    assert wait[4] == wait[5] == "T"  # the wait: host clock
+    assert upd[4][0] == "event" and ar[1][5] == upd[4]  # the allreduces end at sync's exit event
 
 
 def test_step_passes_the_closure(both) -> None:
