@@ -17,6 +17,15 @@ step hides in it. Here three optimizers train three identical models in one one-
   installs), the enqueue wrapper and the counter reading still compiled, so that only the hooks
   differ.
 
+With ``--parts``, three more compiled arms take one piece away each, to show where the per-step
+cost goes (not configurations a user can choose):
+
+- ``no readings``: the counter reading replaced by a compiled call that returns None (not
+  measured), so the five readings per step are gone and the rest is the same;
+- ``no lr rows``: the consistency checks detached (no learning-rate rows, no fingerprints);
+- ``recording off``: recording switched off after the warm-up (the hooks installed, returning at
+  once): what the hooks and wrappers cost as mechanisms.
+
 Each step is timed with ``time.thread_time_ns`` (the main thread's CPU); an arm's figure is the
 median over steps of its step minus the plain step of the same turn: hvtrace's added CPU per step
 with ``--tensors`` gradient tensors (their allreduces included: about 2 µs each). Both traced arms
@@ -61,7 +70,12 @@ def python_hooks(opt: Any, model: Any) -> None:
     opt.synchronize, opt.step = tr._synchronize, tr._step
 
 
-def measure(steps: int, rounds: int, tensors: int, trace_dir: str) -> dict[str, Any]:
+PARTS = ("no readings", "no lr rows", "recording off")
+
+
+def measure(
+    steps: int, rounds: int, tensors: int, trace_dir: str, parts: bool = False
+) -> dict[str, Any]:
     """Per traced arm: the added main-thread CPU per step (µs), per round and their median."""
     import horovod.torch as hvd
     import torch
@@ -83,13 +97,20 @@ def measure(steps: int, rounds: int, tensors: int, trace_dir: str) -> dict[str, 
         if name == "plain":
             return model, hvd.DistributedOptimizer(sgd, named_parameters=named)
         opt = hvtrace.DistributedOptimizer(
-            sgd, named_parameters=named, trace_dir=os.path.join(trace_dir, name), model=model
+            sgd,
+            named_parameters=named,
+            trace_dir=os.path.join(trace_dir, name.replace(" ", "_")),
+            model=model,
         )
         if name == "python":
             python_hooks(opt, model)
+        elif name == "no readings":
+            opt._hvtrace.read = type(None)  # a compiled call returning None: not measured
+        elif name == "no lr rows":
+            opt._hvtrace.checks = None
         return model, opt
 
-    arms = {n: arm(n) for n in ("plain", "compiled", "python")}
+    arms = {n: arm(n) for n in ("plain", "compiled", "python", *(PARTS if parts else ()))}
     hooks = {n: type(arms[n][1].step).__name__ for n in arms}
     x = torch.randn(4, 8)
 
@@ -102,8 +123,12 @@ def measure(steps: int, rounds: int, tensors: int, trace_dir: str) -> dict[str, 
         return time.thread_time_ns() - t0
 
     names = list(arms)
-    added: dict[str, list[float]] = {"compiled": [], "python": []}
+    added: dict[str, list[float]] = {n: [] for n in names if n != "plain"}
     plain_us: list[float] = []
+    if "recording off" in arms:  # recorded at first (its tensors learned), then switched off
+        for _ in range(50):
+            one_step("recording off")
+        arms["recording off"][1]._hvtrace.rec.enabled = False
     for r in range(rounds):
         times: dict[str, list[int]] = {n: [] for n in names}
         for i in range(steps + 50):
@@ -117,6 +142,9 @@ def measure(steps: int, rounds: int, tensors: int, trace_dir: str) -> dict[str, 
         for n in added:
             added[n].append(statistics.median(a - b for a, b in zip(times[n], plain)) / 1e3)
         log.info("round %d/%d done", r + 1, rounds)
+    failed = [n for n in added if n != "recording off" and not arms[n][1]._hvtrace.rec.enabled]
+    if failed:  # a tracer that failed stopped recording: its figures are not hvtrace's cost
+        raise SystemExit(f"recording failed in arm(s) {failed}: the figures would be wrong")
     hvtrace.finish(sync_clock=False)
     return {
         "steps": steps,
@@ -153,13 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4000, help="steps per arm per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tensors", type=int, default=2, help="gradient tensors (even, >= 2)")
+    p.add_argument(
+        "--parts", action="store_true", help="also the arms that take one piece away each"
+    )
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     if args.tensors < 2 or args.tensors % 2:
         p.error("--tensors: an even number >= 2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     with tempfile.TemporaryDirectory(prefix="hvtrace-forms-") as d:
-        res = measure(args.steps, args.rounds, args.tensors, d)
+        res = measure(args.steps, args.rounds, args.tensors, d, parts=args.parts)
     print_table(res)
     if args.json:
         with open(args.json, "w") as f:
