@@ -46,7 +46,7 @@
 extern int hvtrace_poll_handle(void *fn, int handle, int *err);
 
 static PyObject *s_enabled, *s_meta, *s_learn, *s_between_steps, *s_step, *s_micro, *s_extend,
-    *s_on_step, *s_resync_clock, *s_observer;
+    *s_on_step, *s_resync_clock, *s_observer, *s_fail;
 static PyObject *monotonic_ns_func; /* time.monotonic_ns: when it is the clock, read it here */
 
 static inline long long mono_ns(void) {
@@ -88,15 +88,12 @@ static inline int list_field(PyObject *o, const char *name) {
  * (tracing is disabled, training goes on) and 0 is returned; anything else (KeyboardInterrupt,
  * SystemExit) stays raised and -1 is returned, as ``except Exception`` does. */
 static int hand_to_fail(PyObject *tracer) {
-    static PyObject *s_fail_name;
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-    if (s_fail_name == NULL && (s_fail_name = PyUnicode_InternFromString("fail")) == NULL)
-        return -1;
     PyObject *type, *exc, *tb;
     PyErr_Fetch(&type, &exc, &tb);
     PyErr_NormalizeException(&type, &exc, &tb);
     if (exc == NULL) exc = Py_NewRef(Py_None);
-    PyObject *r = PyObject_CallMethodOneArg(tracer, s_fail_name, exc);
+    PyObject *r = PyObject_CallMethodOneArg(tracer, s_fail, exc);
     Py_XDECREF(r);
     Py_XDECREF(type);
     Py_DECREF(exc);
@@ -539,7 +536,7 @@ static inline int rec_enabled(Phases *s) {
         PyErr_SetString(PyExc_AttributeError, "tracer.rec is not set");
         return -1;
     }
-    PyObject *en = PyObject_GetAttr(OR_NONE(s->rec), s_enabled);
+    PyObject *en = PyObject_GetAttr(s->rec, s_enabled);
     if (en == NULL) return -1;
     int r = PyObject_IsTrue(en);
     Py_DECREF(en);
@@ -1087,25 +1084,22 @@ typedef struct {
     PyObject *orig;
 } HandleWait;
 
-/* obs.done.append((handle, obs.now())): 0, or -1 with an error. */
+/* obs.done.append((handle, obs.now())): 0, or -1 with an error. The observer is a tracer (a
+ * Phases: hvdpatch.observer is only ever set by a tracer's synchronize). */
 static int note_done(PyObject *obs, PyObject *handle) {
-    PyObject *t, *done;
-    if (PyObject_TypeCheck(obs, &PhasesType)) {
-        Phases *ph = (Phases *)obs;
-        if (list_field(ph->done, "done") < 0) return -1;
-        t = ph_now(ph);
-        done = Py_NewRef(ph->done);
-    } else { /* (an observer of another kind: its attributes) */
-        done = PyObject_GetAttrString(obs, "done");
-        t = done ? PyObject_CallMethod(obs, "now", NULL) : NULL;
+    if (!PyObject_TypeCheck(obs, &PhasesType)) {
+        PyErr_SetString(PyExc_TypeError, "hvdpatch.observer is not a tracer");
+        return -1;
     }
+    Phases *ph = (Phases *)obs;
+    if (list_field(ph->done, "done") < 0) return -1;
+    PyObject *t = ph_now(ph);
     PyObject *pair = t ? PyTuple_Pack(2, handle, t) : NULL;
-    int rc = pair == NULL ? -1 : (PyList_Check(done) ? PyList_Append(done, pair) : -1);
-    if (pair != NULL && !PyList_Check(done))
-        PyErr_SetString(PyExc_TypeError, "tracer.done is not a list");
+    PyObject *done = Py_NewRef(ph->done);
+    int rc = pair == NULL ? -1 : PyList_Append(done, pair);
     Py_XDECREF(pair);
     Py_XDECREF(t);
-    Py_XDECREF(done);
+    Py_DECREF(done);
     return rc;
 }
 
@@ -1208,6 +1202,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_on_step, "on_step");
     INTERN(s_resync_clock, "resync_clock");
     INTERN(s_observer, "observer");
+    INTERN(s_fail, "fail");
 #undef INTERN
     PyObject *time_mod = PyImport_ImportModule("time");
     if (time_mod == NULL) return NULL;
