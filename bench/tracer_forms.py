@@ -1,6 +1,7 @@
 """The tracer's per-step hooks, compiled against Python, side by side in one process.
 
-    .venv/bin/python bench/tracer_forms.py [--steps 4000] [--rounds 5] [--tensors 2] [--json PATH]
+    .venv/bin/python bench/tracer_forms.py [--steps 4000] [--rounds 5] [--tensors 2] [--parts]
+        [--no-pin] [--json PATH]
 
 ``format_bench.py --tracer-only`` gives hvtrace's whole added cost per step and per allreduce,
 but each of its figures comes from separate processes whose medians spread 2-4x from one to the
@@ -17,14 +18,21 @@ step hides in it. Here three optimizers train three identical models in one one-
   installs), the enqueue wrapper and the counter reading still compiled, so that only the hooks
   differ.
 
-With ``--parts``, three more compiled arms take one piece away each, to show where the per-step
+With ``--parts``, four more compiled arms take one piece away each, to show where the per-step
 cost goes (not configurations a user can choose):
 
 - ``no readings``: the counter reading replaced by a compiled call that returns None (not
   measured), so the five readings per step are gone and the rest is the same;
+- ``exact readings``: the counter reading without the switch check (every reading reads the
+  thread's CPU clock: a system call), as where Linux allows no perf event;
 - ``no lr rows``: the consistency checks detached (no learning-rate rows, no fingerprints);
 - ``recording off``: recording switched off after the warm-up (the hooks installed, returning at
   once): what the hooks and wrappers cost as mechanisms.
+
+Unless ``--no-pin``, the main thread is pinned to one CPU and every other thread of the process
+(Horovod's background thread, spinning at its 10 µs cycle; the tracers' writer threads) to the
+others, once the arms are built: unpinned, where the scheduler puts those threads moves the
+per-step figures from one invocation to the next by more than the goal's margin.
 
 Each step is timed with ``time.thread_time_ns`` (the main thread's CPU); an arm's figure is the
 median over steps of its step minus the plain step of the same turn: hvtrace's added CPU per step
@@ -37,12 +45,14 @@ recorder's writer thread are each tracer's own, as in a real job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -70,11 +80,27 @@ def python_hooks(opt: Any, model: Any) -> None:
     opt.synchronize, opt.step = tr._synchronize, tr._step
 
 
-PARTS = ("no readings", "no lr rows", "recording off")
+def pin_threads() -> dict[str, Any] | None:
+    """Pin the calling (main) thread to the last CPU this process may use and every other
+    thread of the process to the rest; None (nothing pinned) with fewer than two CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    main_cpu, rest = cpus[-1], set(cpus[:-1])
+    me = threading.get_native_id()
+    others = [int(t) for t in os.listdir("/proc/self/task") if int(t) != me]
+    for tid in others:
+        with contextlib.suppress(OSError):  # a thread that has just ended
+            os.sched_setaffinity(tid, rest)
+    os.sched_setaffinity(0, {main_cpu})  # 0: the calling thread
+    return {"main_cpu": main_cpu, "other_cpus": sorted(rest), "other_threads": len(others)}
+
+
+PARTS = ("no readings", "exact readings", "no lr rows", "recording off")
 
 
 def measure(
-    steps: int, rounds: int, tensors: int, trace_dir: str, parts: bool = False
+    steps: int, rounds: int, tensors: int, trace_dir: str, parts: bool = False, pin: bool = True
 ) -> dict[str, Any]:
     """Per traced arm: the added main-thread CPU per step (µs), per round and their median."""
     import horovod.torch as hvd
@@ -82,6 +108,7 @@ def measure(
     from torch import nn
 
     import hvtrace
+    from hvtrace.record.cpustat import ThreadCounters
     from hvtrace.record.native import hot_module
 
     if hot_module() is None:
@@ -106,12 +133,16 @@ def measure(
             python_hooks(opt, model)
         elif name == "no readings":
             opt._hvtrace.read = type(None)  # a compiled call returning None: not measured
+        elif name == "exact readings":
+            opt._hvtrace.read = ThreadCounters(derive=False).read  # this (the training) thread
         elif name == "no lr rows":
             opt._hvtrace.checks = None
         return model, opt
 
     arms = {n: arm(n) for n in ("plain", "compiled", "python", *(PARTS if parts else ()))}
     hooks = {n: type(arms[n][1].step).__name__ for n in arms}
+    pinned = pin_threads() if pin else None
+    log.info("pinned: %s", pinned)
     x = torch.randn(4, 8)
 
     def one_step(name: str) -> int:
@@ -151,6 +182,7 @@ def measure(
         "rounds": rounds,
         "tensors": tensors,
         "step_types": hooks,
+        "pinned": pinned,
         "plain_step_cpu_us": statistics.median(plain_us),
         "added_us": {n: statistics.median(v) for n, v in added.items()},
         "added_us_rounds": added,
@@ -164,6 +196,14 @@ def print_table(res: dict[str, Any]) -> None:
         f"paired differences against the plain optimizer ({res['plain_step_cpu_us']:.1f} µs/step),"
         f" {res['steps']} steps x {res['rounds']} rounds, one process\n"
     )
+    pin = res.get("pinned")
+    where = (
+        f"main thread on CPU {pin['main_cpu']}, {pin['other_threads']} other threads on "
+        f"{pin['other_cpus']}"
+        if pin
+        else "threads not pinned"
+    )
+    print(f"({where})")
     print_rows(res, "per-step hooks", 14)
     diffs = [
         p - c for c, p in zip(res["added_us_rounds"]["compiled"], res["added_us_rounds"]["python"])
@@ -184,13 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--parts", action="store_true", help="also the arms that take one piece away each"
     )
+    p.add_argument(
+        "--no-pin", action="store_true", help="leave the threads where the scheduler puts them"
+    )
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     if args.tensors < 2 or args.tensors % 2:
         p.error("--tensors: an even number >= 2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     with tempfile.TemporaryDirectory(prefix="hvtrace-forms-") as d:
-        res = measure(args.steps, args.rounds, args.tensors, d, parts=args.parts)
+        res = measure(
+            args.steps, args.rounds, args.tensors, d, parts=args.parts, pin=not args.no_pin
+        )
     print_table(res)
     if args.json:
         with open(args.json, "w") as f:

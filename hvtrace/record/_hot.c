@@ -8,7 +8,9 @@
  * whichever form runs. Its methods ``c_fwd_pre``, ``c_fwd_post``, ``c_synchronize`` and ``c_step``
  * are the compiled forms of the tracer's per-step hooks, step for step on those fields; what is
  * Python's own (the consistency checks, live detection, the clock collective, the recorder's
- * buffer) they call. tests/unit/test_phases.py runs both forms through the same steps.
+ * buffer) they call, but for the consistency checks' common step (float learning rates, nothing
+ * else due), whose rows ``c_step`` writes itself. tests/unit/test_phases.py runs both forms
+ * through the same steps.
  *
  * Enqueue: a callable that wraps Horovod's ``_allreduce_grad_async`` (or its grouped
  * form) exactly as ``Tracer._enqueue_wrapper``'s pure-Python closure does, and polls the
@@ -29,7 +31,10 @@
  * line only when it was off a CPU long enough since the last read, else that line again), in one
  * call instead of three Python calls around the system call. The ``pread`` holds the GIL: a
  * read of a procfs line does not block, and releasing the GIL there would let another thread in
- * mid-step.
+ * mid-step. With the switch check (a perf event's user page on the thread, where Linux allows
+ * one), a reading made by the thread itself with no context switch of it since the last clock
+ * read, at most ``max_derived_ns`` ago, adds the wall time since instead of reading the clock:
+ * no system call (hvtrace/record/cpustat.py has why that is the same figure).
  *
  * Built as an optional extension (pyproject.toml); where it is missing the Python forms run.
  */
@@ -38,15 +43,26 @@
 #include <structmember.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/perf_event.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#else
+struct perf_event_mmap_page { uint32_t lock; }; /* never mapped: no switch check there */
+#endif
 
 /* _hvdpoll.cpp: calls Horovod's PollHandle, catching what it throws (err = 1). */
 extern int hvtrace_poll_handle(void *fn, int handle, int *err);
 
 static PyObject *s_enabled, *s_meta, *s_learn, *s_between_steps, *s_step, *s_micro, *s_extend,
-    *s_on_step, *s_resync_clock, *s_observer, *s_fail;
+    *s_on_step, *s_resync_clock, *s_observer, *s_fail, *s_every, *s_pending, *s_groups,
+    *s_n_groups, *s_lr_names, *s_lr;
 static PyObject *monotonic_ns_func; /* time.monotonic_ns: when it is the clock, read it here */
 
 static inline long long mono_ns(void) {
@@ -407,6 +423,17 @@ typedef struct {
     long long slack_ns; /* re-read the line when off a CPU longer than this since the last read */
     long long off_cpu;  /* at the last read: wall time minus CPU time */
     PyObject *raw;      /* the line of the last read (bytes) */
+    /* The switch check (see derive_ok): a perf event's user page on the thread, whose ``lock``
+     * the kernel changes at each of its context switches; none: every reading reads the clock. */
+    int perf_fd;                                /* -1: no switch check */
+    volatile struct perf_event_mmap_page *page; /* its user page (NULL: none) */
+    size_t page_len;
+    pthread_t owner;            /* the thread counted: only its own readings may be derived */
+    uint32_t lock;              /* page->lock just before the last clock read */
+    long long max_derived_ns;   /* read the clock at least this often */
+    long long base_t, base_cpu; /* the last clock read: when (host ns), and the CPU time read */
+    long long last_cpu;         /* the last cpu_ns handed out (readings never go back) */
+    unsigned long long n_exact, n_derived;
 } ThreadReader;
 
 static PyTypeObject ThreadReaderType;
@@ -435,11 +462,53 @@ static inline int reader_cpu(ThreadReader *self, long long *out) {
     return 0;
 }
 
+static inline uint32_t page_lock(ThreadReader *self) {
+    return __atomic_load_n(&self->page->lock, __ATOMIC_ACQUIRE);
+}
+
+/* Open the switch check on thread ``tid`` (0, or -1 with nothing set where perf events are not
+ * allowed or not there: the caller then reads the clock every time; no error is raised). */
+static int reader_open_switch_check(ThreadReader *self, long long tid) {
+#ifdef __linux__
+    struct perf_event_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_DUMMY; /* counts nothing: only its user page is used */
+    attr.exclude_kernel = 1;           /* what perf_event_paranoid 2 allows */
+    attr.exclude_hv = 1;
+    long fd = syscall(SYS_perf_event_open, &attr, (pid_t)tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) return -1;
+    long page_len = sysconf(_SC_PAGESIZE);
+    void *page = page_len > 0 ? mmap(NULL, (size_t)page_len, PROT_READ, MAP_SHARED, (int)fd, 0)
+                              : MAP_FAILED;
+    if (page == MAP_FAILED) {
+        close((int)fd);
+        return -1;
+    }
+    self->perf_fd = (int)fd;
+    self->page = page;
+    self->page_len = (size_t)page_len;
+    return 0;
+#else
+    return -1;
+#endif
+}
+
+static void reader_close_switch_check(ThreadReader *self) {
+    if (self->page != NULL) munmap((void *)self->page, self->page_len);
+    if (self->perf_fd >= 0) close(self->perf_fd);
+    self->page = NULL;
+    self->perf_fd = -1;
+}
+
 static PyObject *ThreadReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"clock_id", "fd", "slack_ns", NULL};
-    long long clock_id, slack_ns;
+    static char *kwlist[] = {"clock_id", "fd", "slack_ns", "tid", "ident", "max_derived_ns", NULL};
+    long long clock_id, slack_ns, tid = 0, max_derived_ns = 0;
+    unsigned long ident = 0;
     int fd;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LiL", kwlist, &clock_id, &fd, &slack_ns))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LiL|LkL", kwlist, &clock_id, &fd, &slack_ns,
+                                     &tid, &ident, &max_derived_ns))
         return NULL;
     ThreadReader *self = (ThreadReader *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
@@ -447,23 +516,54 @@ static PyObject *ThreadReader_new(PyTypeObject *type, PyObject *args, PyObject *
     self->fd = fd;
     self->slack_ns = slack_ns;
     self->raw = NULL;
+    self->perf_fd = -1;
+    self->page = NULL;
+    self->owner = (pthread_t)ident;
+    self->max_derived_ns = max_derived_ns;
+    if (tid > 0 && ident != 0 && max_derived_ns > 0) reader_open_switch_check(self, tid);
     long long c;
+    if (self->page != NULL) self->lock = page_lock(self);
     if (reader_cpu(self, &c) < 0 || reader_pread(self) < 0) {
         Py_DECREF(self);
         return NULL;
     }
     self->off_cpu = mono_ns() - c;
+    self->base_t = mono_ns();
+    self->base_cpu = self->last_cpu = c;
     return (PyObject *)self;
+}
+
+/* Whether this reading may be derived: made on the counted thread, no context switch of it since
+ * the last clock read (the page's lock unchanged: a switch changes it, and an update in progress
+ * leaves it odd, changed as well), and that read recent enough. Then the thread ran all along:
+ * its CPU time grew by the wall time, its run-queue wait did not grow (it only does while the
+ * thread is off a CPU, which takes a switch). */
+static inline int derive_ok(ThreadReader *self, long long t) {
+    return self->page != NULL && t - self->base_t <= self->max_derived_ns &&
+           pthread_equal(pthread_self(), self->owner) && page_lock(self) == self->lock;
 }
 
 /* One reading: (cpu_ns, schedstat line), a new tuple. */
 static PyObject *reader_read(ThreadReader *self) {
     long long t = mono_ns(), c;
-    if (reader_cpu(self, &c) < 0) return NULL;
-    if (t - c - self->off_cpu > self->slack_ns) {
-        if (reader_pread(self) < 0) return NULL;
-        self->off_cpu = t - c;
+    if (derive_ok(self, t)) {
+        c = self->base_cpu + (t - self->base_t);
+        self->n_derived++;
+    } else {
+        if (self->page != NULL) self->lock = page_lock(self); /* before the clock is read */
+        if (reader_cpu(self, &c) < 0) return NULL;
+        if (t - c - self->off_cpu > self->slack_ns) {
+            if (reader_pread(self) < 0) return NULL;
+            self->off_cpu = t - c;
+        }
+        /* when: just after the clock was read (a derived reading is low by the system call's
+         * return at most, never high: a switch after the lock was read makes the next exact) */
+        self->base_t = mono_ns();
+        self->base_cpu = c;
+        self->n_exact++;
     }
+    if (c < self->last_cpu) c = self->last_cpu; /* a derived reading ran ahead (interrupts) */
+    self->last_cpu = c;
     PyObject *cpu = PyLong_FromLongLong(c);
     if (cpu == NULL) return NULL;
     PyObject *out = PyTuple_Pack(2, cpu, self->raw);
@@ -480,16 +580,40 @@ static PyObject *ThreadReader_call(ThreadReader *self, PyObject *args, PyObject 
 }
 
 static void ThreadReader_dealloc(ThreadReader *self) {
+    reader_close_switch_check(self);
     Py_XDECREF(self->raw);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *ThreadReader_switch_check(ThreadReader *self, void *closure) {
+    return PyBool_FromLong(self->page != NULL);
+}
+
+static PyMemberDef ThreadReader_members[] = {
+    {"exact_reads", T_ULONGLONG, offsetof(ThreadReader, n_exact), READONLY,
+     "readings that read the CPU clock"},
+    {"derived_reads", T_ULONGLONG, offsetof(ThreadReader, n_derived), READONLY,
+     "readings derived from the wall time (no context switch since the last clock read)"},
+    {"max_derived_ns", T_LONGLONG, offsetof(ThreadReader, max_derived_ns), READONLY,
+     "the clock is read at least this often (ns)"},
+    {NULL},
+};
+
+static PyGetSetDef ThreadReader_getset[] = {
+    {"switch_check", (getter)ThreadReader_switch_check, NULL,
+     "whether readings without a context switch since the last clock read are derived", NULL},
+    {NULL},
+};
+
 static PyTypeObject ThreadReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "hvtrace.record._hot.ThreadReader",
-    .tp_doc = PyDoc_STR("ThreadReader(clock_id, fd, slack_ns)() -> (cpu_ns, schedstat line): "
-                        "the compiled form of hvtrace.record.cpustat._schedstat_reader (the file "
-                        "stays the caller's to close)."),
+    .tp_doc = PyDoc_STR("ThreadReader(clock_id, fd, slack_ns, tid=0, ident=0, max_derived_ns=0)"
+                        "() -> (cpu_ns, schedstat line): the compiled form of "
+                        "hvtrace.record.cpustat._schedstat_reader (the file stays the caller's "
+                        "to close); with tid, ident and max_derived_ns, the switch check."),
+    .tp_members = ThreadReader_members,
+    .tp_getset = ThreadReader_getset,
     .tp_basicsize = sizeof(ThreadReader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = ThreadReader_new,
@@ -502,12 +626,14 @@ static PyTypeObject ThreadReaderType = {
  * The compiled forms of Tracer._fwd_pre, _fwd_post, _synchronize and _step (with _end_step,
  * _close_compute, _close_backward, _grad_end, _span and _count_step), line for line on the same
  * fields: hvtrace/record/optimizer.py has the Python forms and the comments. What is rare or
- * Python's own stays in Python and is called from here: the consistency checks' on_step, the
- * live monitor's on_step, the clock collective (resync_clock), the recorder's extend. */
+ * Python's own stays in Python and is called from here: the consistency checks' on_step (but
+ * for its common case: ph_lr_rows), the live monitor's on_step, the clock collective
+ * (resync_clock), the recorder's extend. */
 
 /* What configure() hands over once: span kinds and names, Allreduces, hvdpatch, the clock's
  * resynchronisation steps. */
-static PyObject *k_step, *k_input, *k_forward, *k_backward, *k_compute, *k_wait, *k_update;
+static PyObject *k_step, *k_input, *k_forward, *k_backward, *k_compute, *k_wait, *k_update,
+    *k_scalar;
 static PyObject *n_step, *n_input, *n_forward, *n_backward, *n_compute, *n_sync, *n_update;
 static PyObject *allreduces_cls, *hvdpatch_mod, *zero_obj, *one_obj, *nan_obj;
 static long long resync_first = -1, resync_every = 1;
@@ -867,6 +993,87 @@ static int ph_count_step(Phases *s) {
     return 0;
 }
 
+/* An attribute of o as a C long long (-1 with an error). */
+static int attr_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* ConsistencyChecks.on_step(step) (hvtrace/record/consistency.py) in its common case, without
+ * calling Python: no parameter fingerprints due this step (``every`` 0 or ``step`` not a multiple
+ * of it), none pending, the param groups as many as when their row names were made, every
+ * learning rate a float. Appends the rows on_step would (one per group) to the step's rows.
+ * 1: done; 0: not the common case, nothing appended (call on_step); -1: an error. */
+static int ph_lr_rows(Phases *s, PyObject *checks, PyObject *step) {
+    long long every, n_groups, step_ll = PyLong_AsLongLong(step);
+    if (step_ll == -1 && PyErr_Occurred()) return -1;
+    if (attr_ll(checks, s_every, &every) < 0 || attr_ll(checks, s_n_groups, &n_groups) < 0)
+        return -1;
+    if (every && step_ll % every == 0) return 0;
+    PyObject *pending = PyObject_GetAttr(checks, s_pending);
+    if (pending == NULL) return -1;
+    Py_ssize_t n_pending = PyObject_Size(pending);
+    Py_DECREF(pending);
+    if (n_pending != 0) return n_pending < 0 ? -1 : 0;
+    PyObject *groups = PyObject_GetAttr(checks, s_groups), *names = NULL, *micro = NULL,
+             *t = NULL, *rows = NULL;
+    int rc = 0;
+    if (groups == NULL || (names = PyObject_GetAttr(checks, s_lr_names)) == NULL) {
+        rc = -1;
+        goto out;
+    }
+    if (!PyList_CheckExact(groups) || !PyList_CheckExact(names) || !PyList_CheckExact(s->rows) ||
+        PyList_GET_SIZE(groups) != n_groups || PyList_GET_SIZE(names) != n_groups)
+        goto out;
+    rows = Py_NewRef(s->rows);
+    if ((micro = PyObject_GetAttr(OR_NONE(s->rec), s_micro)) == NULL ||
+        (t = PyLong_FromLongLong(mono_ns())) == NULL) {
+        rc = -1;
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n_groups; i++) { /* every learning rate a float, or on_step */
+        PyObject *g = PyList_GET_ITEM(groups, i);
+        if (!PyDict_CheckExact(g)) goto out;
+        PyObject *lr = PyDict_GetItemWithError(g, s_lr);
+        if (lr == NULL && PyErr_Occurred()) {
+            rc = -1;
+            goto out;
+        }
+        if (lr == NULL || !PyFloat_CheckExact(lr)) goto out;
+    }
+    for (Py_ssize_t i = 0; i < n_groups; i++) {
+        /* (nothing since the check above ran Python code: a finalizer run by the collector
+         * in PyTuple_Pack at most, which may change the groups: then an error) */
+        PyObject *lr = NULL, *row = NULL;
+        if (i < PyList_GET_SIZE(groups) && i < PyList_GET_SIZE(names) &&
+            PyDict_Check(PyList_GET_ITEM(groups, i)))
+            lr = PyDict_GetItemWithError(PyList_GET_ITEM(groups, i), s_lr);
+        row = lr == NULL ? NULL
+                                   : PyTuple_Pack(10, step, micro, k_scalar,
+                                                  PyList_GET_ITEM(names, i), t, t, zero_obj,
+                                                  zero_obj, lr, zero_obj);
+        if (row == NULL || PyList_Append(rows, row) < 0) {
+            if (lr == NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "a param group changed under on_step");
+            Py_XDECREF(row);
+            rc = -1;
+            goto out;
+        }
+        Py_DECREF(row);
+    }
+    rc = 1;
+out:
+    Py_XDECREF(groups);
+    Py_XDECREF(names);
+    Py_XDECREF(micro);
+    Py_XDECREF(t);
+    Py_XDECREF(rows);
+    return rc;
+}
+
 /* _step(closure=None) */
 static PyObject *Phases_step(Phases *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"closure", NULL};
@@ -882,11 +1089,15 @@ static PyObject *Phases_step(Phases *s, PyObject *args, PyObject *kwds) {
     if (!IS_NONE(s->checks)) { /* learning rates; every N steps the weights (no raise) */
         PyObject *step = PyObject_GetAttr(OR_NONE(s->rec), s_step);
         PyObject *checks = Py_NewRef(s->checks);
-        PyObject *r = step ? PyObject_CallMethodOneArg(checks, s_on_step, step) : NULL;
+        int done = step ? ph_lr_rows(s, checks, step) : -1;
+        if (done == 0) { /* not the common case: on_step itself */
+            PyObject *r = PyObject_CallMethodOneArg(checks, s_on_step, step);
+            done = r == NULL ? -1 : 1;
+            Py_XDECREF(r);
+        }
         Py_DECREF(checks);
         Py_XDECREF(step);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
+        if (done < 0 && hand_to_fail((PyObject *)s) < 0) return NULL;
     }
     /* synchronize() already ran (the skip pattern): the update's counters start here */
     if (check_configured() < 0 || (ts = ph_now(s)) == NULL ||
@@ -1065,6 +1276,12 @@ static PyObject *configure(PyObject *module, PyObject *args) {
         Py_XSETREF(*spec[i].k, Py_NewRef(k));
         Py_XSETREF(*spec[i].n, n);
     }
+    PyObject *ks = PyDict_GetItemString(kinds, "scalar");
+    if (ks == NULL || !PyLong_Check(ks)) {
+        PyErr_SetString(PyExc_KeyError, "configure: no kind code for scalar");
+        return NULL;
+    }
+    Py_XSETREF(k_scalar, Py_NewRef(ks));
     Py_XSETREF(allreduces_cls, Py_NewRef(ar));
     Py_XSETREF(hvdpatch_mod, Py_NewRef(hvdp));
     resync_first = first;
@@ -1203,6 +1420,12 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_resync_clock, "resync_clock");
     INTERN(s_observer, "observer");
     INTERN(s_fail, "fail");
+    INTERN(s_every, "every");
+    INTERN(s_pending, "pending");
+    INTERN(s_groups, "groups");
+    INTERN(s_n_groups, "_n_groups");
+    INTERN(s_lr_names, "_lr_names");
+    INTERN(s_lr, "lr");
 #undef INTERN
     PyObject *time_mod = PyImport_ImportModule("time");
     if (time_mod == NULL) return NULL;

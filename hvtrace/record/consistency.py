@@ -123,7 +123,11 @@ class ConsistencyChecks:
         fingerprints (before the update). Never raises: a failure disables tracing.
 
         The learning-rate rows join the step's spans (``tracer.rows``), which the tracer hands to
-        the recorder at the step's end: one list append per param group here, no call."""
+        the recorder at the step's end: one list append per param group here, no call. The
+        compiled step (``hvtrace.record._hot.Phases.c_step``) writes the same rows itself, without
+        calling this, on steps where that is all there is to do (every learning rate a float, no
+        fingerprints due or pending, no new param group): it reads ``every``, ``pending``,
+        ``groups``, ``_n_groups`` and ``_lr_names``, which keep their meaning."""
         rec = self.rec
         if not rec.enabled:
             return

@@ -33,6 +33,21 @@ A *reading* is taken at each phase boundary on the hot path and is one of:
   in forward and backward on an uncontended core) thus costs one system call per reading, not
   two; a phase's ``runq_ns`` may then be off by less than :data:`RUNQ_SLACK_NS`, moved to a
   neighbouring phase (their sum, and the step's, stay exact up to the same bound).
+  Where the compiled reader runs and Linux lets a process open a perf event on its own thread
+  (``perf_event_paranoid`` <= 2, no seccomp filter against ``perf_event_open``), most readings
+  make no system call at all (the *switch check*): the kernel changes a counter in the event's
+  user page, mapped read-only, at each context switch of the thread. A reading made on the
+  training thread that finds it unchanged since the last time the clock was read, at most
+  :data:`MAX_DERIVED_NS` ago, knows the thread has run without a break since then: its CPU time
+  grew by the wall time (the host monotonic clock, read anyway) and its run-queue wait did not
+  grow, so the reading adds the one and reuses the line. It can differ from the CPU clock by the
+  interrupts served and the time a hypervisor took the CPU in that stretch (up to
+  :data:`MAX_DERIVED_NS`), and by the clock read's return (under a µs) the other way; readings
+  never go back. A phase's ``cpu_ns`` is then a difference of such readings. A reading made on
+  another thread, after a switch, or when the last clock read is older always reads the clock.
+  The perf event counts nothing (``PERF_COUNT_SW_DUMMY``); its cost is a few hundred ns added to
+  each context switch of the training thread, which in a training loop switches rarely (the
+  compiled reader's ``exact_reads`` and ``derived_reads`` say how many of each it made).
 - ``cpu_ns`` (an int) where schedstat is missing (no ``CONFIG_SCHEDSTATS``, not Linux): CPU time
   only, the run queue wait is unknown (null);
 - ``None`` where neither is available.
@@ -55,6 +70,9 @@ SCHEDSTAT_PATH = "/proc/self/task/{tid}/schedstat"
 #: the last time it was read: off a CPU (wall time minus CPU time) for more than this long. The
 #: bound on how far a phase's ``runq_ns`` can be off (see the module's docstring).
 RUNQ_SLACK_NS = 20_000
+#: With the switch check, the CPU clock is read at least this often (ns): a derived reading is
+#: at most this far from the last clock read (see the module's docstring).
+MAX_DERIVED_NS = 1_000_000
 
 Reading = tuple[int, bytes] | int | None
 
@@ -72,11 +90,19 @@ class ThreadCounters:
     """
 
     def __init__(
-        self, native_id: int | None = None, ident: int | None = None, slack_ns: int | None = None
+        self,
+        native_id: int | None = None,
+        ident: int | None = None,
+        slack_ns: int | None = None,
+        derive: bool = True,
     ) -> None:
+        """``derive``: use the switch check where it can be opened (see the module)."""
         self.native_id = threading.get_native_id() if native_id is None else native_id
         self.ident = threading.get_ident() if ident is None else ident
         self.mode = "none"
+        #: With the switch check: the longest stretch (ns) a reading derives; 0: every reading
+        #: reads the CPU clock.
+        self.derived_max_ns = 0
         self._fd: int | None = None
         self.read: Callable[[], Reading] = _no_reading
         found = _cpu_clock(self.ident)
@@ -100,7 +126,15 @@ class ThreadCounters:
         self._fd = fd
         self.mode = "schedstat"
         slack = RUNQ_SLACK_NS if slack_ns is None else slack_ns
-        self.read = _schedstat_reader(clock, fd, slack, clock_id)
+        self.read = _schedstat_reader(
+            clock,
+            fd,
+            slack,
+            clock_id,
+            (self.native_id, self.ident, MAX_DERIVED_NS) if derive else None,
+        )
+        if getattr(self.read, "switch_check", False):
+            self.derived_max_ns = MAX_DERIVED_NS
 
     def close(self) -> None:
         """Close the schedstat file; later readings are ``None``."""
@@ -128,17 +162,24 @@ def _cpu_clock(ident: int) -> tuple[Callable[[], int], int] | None:
 
 
 def _schedstat_reader(
-    clock: Callable[[], int], fd: int, slack_ns: int, clock_id: int | None = None
+    clock: Callable[[], int],
+    fd: int,
+    slack_ns: int,
+    clock_id: int | None = None,
+    switch_check: tuple[int, int, int] | None = None,
 ) -> Callable[[], tuple[int, bytes]]:
     """The hot-path reading: the CPU clock, and the schedstat line when it may have changed by
     more than ``slack_ns`` since it was last read (else that line again; see the module).
 
     The compiled form (``hvtrace.record._hot.ThreadReader``, one call instead of three Python
     calls around the system call) where it is built, ``$HVTRACE_NATIVE`` is on and ``clock_id``
-    (the CPU clock's id) is given; else this closure, which does the same."""
+    (the CPU clock's id) is given; else this closure, which does the same but the switch check.
+    ``switch_check``: ``(native thread id, thread ident, max derived ns)`` of the thread counted,
+    for the compiled form's switch check (opened where Linux allows; see the module)."""
     hot = hot_module() if clock_id is not None else None
     if hot is not None:
-        return hot.ThreadReader(clock_id, fd, slack_ns)
+        tid, ident, max_ns = switch_check or (0, 0, 0)
+        return hot.ThreadReader(clock_id, fd, slack_ns, tid, ident, max_ns)
     pread, mono = os.pread, time.monotonic_ns
     # at the last pread: wall time minus CPU time (grows only while off a CPU), and the line
     off_cpu, raw = mono() - clock(), pread(fd, 64, 0)

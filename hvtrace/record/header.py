@@ -22,11 +22,13 @@ def build_header(
     device: Any,
     timer: Any,
     counters: str,
+    counters_derived_max_ns: int = 0,
 ) -> dict[str, Any]:
     """Return the header of this rank's file.
 
     ``params``: the gradient tensors' parameters; ``timer``: the span timer (host or CUDA);
-    ``counters``: how CPU time and run-queue wait are read (:class:`ThreadCounters.mode`).
+    ``counters``: how CPU time and run-queue wait are read (:class:`ThreadCounters.mode`);
+    ``counters_derived_max_ns``: :attr:`ThreadCounters.derived_max_ns`.
     """
     mono = monotonic_ns()
     wall = time.time_ns()
@@ -49,6 +51,7 @@ def build_header(
         "device": str(device),
         "timing": "cuda_events" if timer.is_cuda else "host_monotonic",
         "cpu_counters": counters,
+        "cpu_derived_max_ns": counters_derived_max_ns,
         "torch_version": _version("torch"),
         "horovod_version": _version("horovod"),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},

@@ -109,7 +109,18 @@ def open_recording(
     device = params[0].device if params else torch.device("cpu")
     timer = make_timer(device)
     counters = ThreadCounters()  # this thread trains: it calls step()
-    header = build_header(hvd, dist, model, run_id, clock, params, device, timer, counters.mode)
+    header = build_header(
+        hvd,
+        dist,
+        model,
+        run_id,
+        clock,
+        params,
+        device,
+        timer,
+        counters.mode,
+        counters_derived_max_ns=counters.derived_max_ns,
+    )
     rank = hvd.rank()
     if membership is None:
         membership = Membership(

@@ -4,6 +4,7 @@ busy loops, sleeps, a CPU shared with another busy process, through the recorder
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import subprocess
@@ -352,3 +353,104 @@ def test_tracer_phases_carry_counters_that_tile_the_step(tmp_path: Path) -> None
         for col in ("cpu_ns", "runq_ns"):
             parts = sum(by[k][col] for k in ("input", "forward", "backward", "wait", "update"))
             assert parts == by["step"][col], (step, col)
+
+
+@pytest.fixture()
+def switch_checked():
+    """The compiled reader with the switch check (skipped where Linux allows no perf event)."""
+    if hot_module() is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    c = ThreadCounters()
+    if c.mode != "schedstat" or not getattr(c.read, "switch_check", False):
+        c.close()
+        pytest.skip("no schedstat or no perf event on this thread here")
+    assert c.derived_max_ns == cpustat.MAX_DERIVED_NS
+    yield c
+    c.close()
+
+
+def _thread_cpu_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
+
+
+def test_the_switch_check_derives_on_a_cpu_and_reads_the_clock_after_a_switch(
+    switch_checked: ThreadCounters,
+) -> None:
+    """On a CPU since the last clock read: the reading adds the wall time, no system call, and
+    agrees with the CPU clock. After a sleep (a switch), past the longest stretch, or from
+    another thread: the clock is read, so a sleep never counts as CPU time."""
+    read = switch_checked.read
+    for _ in range(20):  # a preemption in between forces a clock read: retry
+        e0, d0 = read.exact_reads, read.derived_reads
+        a, k0 = read(), _thread_cpu_ns()
+        _busy(200_000)
+        b, k1 = read(), _thread_cpu_ns()
+        if read.exact_reads == e0 and read.derived_reads == d0 + 2:
+            break
+    else:
+        pytest.fail("no two readings 200 µs apart without a context switch in 20 tries")
+    assert b[1] is a[1]  # the run-queue line: unchanged, not read
+    assert abs((b[0] - a[0]) - (k1 - k0)) < 30_000, (b[0] - a[0], k1 - k0)
+    for _ in range(5):  # sleeps shorter than the longest derived stretch: the switch is seen
+        e0, b = read.exact_reads, read()
+        time.sleep(0.0003)
+        c = read()
+        assert read.exact_reads >= e0 + 1
+        assert 0 <= c[0] - b[0] < 150_000, c[0] - b[0]  # the sleep is not CPU time
+    e0 = read.exact_reads
+    _busy(2 * cpustat.MAX_DERIVED_NS)
+    read()
+    assert read.exact_reads == e0 + 1  # longer than the longest derived stretch
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(read()))
+    t.start()
+    t.join()
+    assert read.exact_reads == e0 + 2 and seen[0][0] >= c[0]
+
+
+def test_the_switch_check_sees_every_preemption_on_a_shared_cpu(
+    switch_checked: ThreadCounters,
+) -> None:
+    """A busy thread sharing one CPU with a busy process, read every 50 µs for 300 ms: half its
+    wall time is spent waiting for the CPU, in stretches the readings must not count as CPU
+    time. Their CPU times add up to the thread's CPU clock, their run-queue waits to schedstat's,
+    and some readings were derived (the rest read the clock after a switch). The longest derived
+    stretch is lifted here: only the switch check can tell a preemption."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity here")
+    c = switch_checked
+    clock = time.pthread_getcpuclockid(c.ident)
+    read = cpustat._schedstat_reader(
+        _thread_cpu_ns, c._fd, cpustat.RUNQ_SLACK_NS, clock, (c.native_id, c.ident, 10**12)
+    )
+    assert read.switch_check and read.max_derived_ns == 10**12
+    before = os.sched_getaffinity(0)
+    cpu_id = min(before)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    readings = []
+    try:
+        os.sched_setaffinity(hog.pid, {cpu_id})
+        os.sched_setaffinity(0, {cpu_id})  # this thread only
+        _busy(20 * MS)
+        e0, d0 = read.exact_reads, read.derived_reads
+        k0, w0 = _thread_cpu_ns(), time.monotonic_ns()
+        readings.append(read())
+        end = time.monotonic_ns() + 300 * MS
+        while time.monotonic_ns() < end:
+            _busy(50_000)
+            readings.append(read())
+        k1, w1 = _thread_cpu_ns(), time.monotonic_ns()
+        exact, derived = read.exact_reads - e0, read.derived_reads - d0
+    finally:
+        os.sched_setaffinity(0, before)
+        hog.kill()
+        hog.wait()
+    pairs = [deltas(a, b) for a, b in itertools.pairwise(readings)]
+    cpu = sum(c for c, _ in pairs)
+    runq = sum(r for _, r in pairs)
+    true_runq = cpustat.runq_ns(readings[-1][1]) - cpustat.runq_ns(readings[0][1])
+    assert all(c is not None and c >= 0 for c, _ in pairs)
+    assert abs(cpu - (k1 - k0)) < 0.05 * (k1 - k0) + MS, (cpu, k1 - k0, w1 - w0)
+    assert runq == true_runq and runq > 0.2 * (w1 - w0), (runq, w1 - w0)
+    assert cpu < 0.8 * (w1 - w0)  # had preemptions been missed, cpu would be about the wall
+    assert derived > 0 and exact > 0, (exact, derived)

@@ -21,6 +21,7 @@ import torch
 
 from hvtrace.record import hvdpatch, native
 from hvtrace.record import optimizer as opt
+from hvtrace.record.consistency import LR_PREFIX, PARAM_PREFIX, ConsistencyChecks
 from hvtrace.record.optimizer import Tracer
 from hvtrace.record.rows import Allreduces
 from hvtrace.schema import FLAG_END_UPPER_BOUND, KIND_CODE
@@ -36,7 +37,11 @@ class FakeRec:
     def __init__(self) -> None:
         self.enabled, self.step, self.micro, self.between_steps = True, 0, 0, True
         self.entries: list[list] = []
+        self.added: list[tuple] = []  # Recorder.add's rows (the consistency fingerprints)
         self.failures: list[str] = []
+
+    def add(self, *args: Any, **kw: Any) -> None:
+        self.added.append((*args, *sorted(kw.items())))
 
     def extend(self, entries: list) -> None:
         self.entries.append(list(entries))
@@ -50,7 +55,11 @@ class Job:
     """One traced optimizer over a real ``Linear`` model, driven step by step."""
 
     def __init__(
-        self, model: bool = True, fail_read_at: int | None = None, cuda: bool = False
+        self,
+        model: bool = True,
+        fail_read_at: int | None = None,
+        cuda: bool = False,
+        checks_every: int | None = None,
     ) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Linear(3, 2)
@@ -85,6 +94,10 @@ class Job:
         tr.checks = tr.live = None
         tr._orig_sync, tr._orig_step = self._horovod_sync, self._horovod_step
         tr._learn = lambda key, arg, out: tr.meta.__setitem__(key, (["p"], [4], [1]))
+        if checks_every is not None:  # real consistency checks over two param groups
+            w, b = self.params
+            tr.dist = torch.optim.SGD([{"params": [w]}, {"params": [b], "lr": 0.25}], lr=0.125)
+            tr.checks = ConsistencyChecks(tr, checks_every, device=False)
         self.hooks = tr.hooks()
         self.enqueue = tr._enqueue_wrapper(lambda arg: next(self.handles), id)
         if model:
@@ -131,6 +144,7 @@ def _transcript(job: Job) -> dict[str, Any]:
     tr, rec = job.tr, job.tr.rec
     return {
         "entries": _norm(rec.entries),
+        "added": _norm(rec.added),
         "rows": _norm(tr.rows),
         "step": rec.step,
         "micro": rec.micro,
@@ -153,6 +167,7 @@ def _scenario(name: str) -> dict[str, Any]:
         model=name != "no_model",
         fail_read_at=9 if name == "fail_read" else None,
         cuda=name == "cuda",
+        checks_every=3 if name == "checks" else None,
     )
     if name == "disabled":
         job.tr.rec.enabled = False
@@ -163,6 +178,10 @@ def _scenario(name: str) -> dict[str, Any]:
         if name == "eval" and i == 1:
             with torch.no_grad():
                 job.model(job.x)  # an evaluation forward between steps: no phase
+        if name == "checks" and i == 1:  # a new learning rate (a float)
+            job.tr.dist.param_groups[0]["lr"] = 0.5
+        if name == "checks" and i == 2:  # an int learning rate: not the compiled case
+            job.tr.dist.param_groups[1]["lr"] = 2
         job.forward_backward()
         if name == "sync_then_skip":  # synchronize(); clip; with skip_synchronize(): step()
             job.hooks["synchronize"]()
@@ -185,6 +204,7 @@ SCENARIOS = [
     "fail_read",
     "closure",
     "cuda",
+    "checks",
 ]
 
 
@@ -314,6 +334,52 @@ def test_with_cuda_timers_the_phases_end_at_events(both) -> None:
 def test_step_passes_the_closure(both) -> None:
     compiled, _ = both("closure")
     assert compiled["out"] == ["stepped True"] * 3
+
+
+def _is_lr(entry: Any) -> bool:
+    return len(entry) == 10 and entry[2] == KIND_CODE["scalar"] and entry[3].startswith(LR_PREFIX)
+
+
+def test_the_learning_rate_rows_join_each_step_and_fingerprints_every_n(both) -> None:
+    """Per step one learning-rate row per param group among the step's spans (the value as of
+    that step), and the parameters' fingerprints every 3rd step; the same in both forms."""
+    compiled, _ = both("checks")
+    entries, added = compiled["transcript"]["entries"], compiled["transcript"]["added"]
+    lrs = [[(e[0], e[3], e[8]) for e in step if _is_lr(e)] for step in entries]
+    assert lrs == [
+        [(0, LR_PREFIX + "0", 0.125), (0, LR_PREFIX + "1", 0.25)],
+        [(1, LR_PREFIX + "0", 0.5), (1, LR_PREFIX + "1", 0.25)],
+        [(2, LR_PREFIX + "0", 0.5), (2, LR_PREFIX + "1", 2.0)],
+    ]
+    fingerprints = [(r[1], dict(r[4:])["step"]) for r in added if r[1].startswith(PARAM_PREFIX)]
+    assert [step for _, step in fingerprints] == [0, 0]  # weight and bias at step 0 (3: not run)
+
+
+def test_the_compiled_step_writes_the_common_learning_rate_rows_itself(monkeypatch) -> None:
+    """The compiled step calls the checks' on_step only where it has more to do than float
+    learning rates: a fingerprint step, fingerprints pending, new param groups, an int rate."""
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    job = Job(checks_every=4)
+    checks, called = job.tr.checks, []
+    on_step = checks.on_step
+    checks.on_step = lambda step: (called.append(step), on_step(step))[1]
+    for i in range(7):
+        if i == 2:  # a third param group: its row name is made by on_step
+            job.tr.dist.add_param_group({"params": [torch.zeros(1)], "lr": 1.0})
+        if i == 5:
+            job.tr.dist.param_groups[0]["lr"] = 3  # an int
+        if i == 6:
+            job.tr.dist.param_groups[0]["lr"] = 3.0
+            checks.pending.append("a device fingerprint in flight")  # on_step collects it
+            checks.collect = lambda: checks.pending.clear()
+        job.forward_backward()
+        job.step()
+    assert called == [0, 2, 4, 5, 6]
+    rows = [[e[8] for e in step if _is_lr(e)] for step in job.tr.rec.entries]
+    assert rows == [[0.125, 0.25]] * 2 + [[0.125, 0.25, 1.0]] * 3 + [[3.0, 0.25, 1.0]] * 2
+    assert job.tr.rec.failures == [] and job.tr.rec.enabled
 
 
 def test_live_and_the_clock_collective_are_called_at_their_steps(both, monkeypatch) -> None:
