@@ -149,23 +149,39 @@ TICK = os.sysconf("SC_CLK_TCK")
 WAIT_CPU = [0.0]  # the main thread's CPU time inside Horovod's per-handle waits (s)
 
 
+def _task_cpu_s(tid):
+    """A thread's CPU time (s): schedstat's first field (ns; it lags a running thread by up to a
+    tick), else /proc's stat in ticks (10 ms: too coarse for hvtrace's threads' few ms a run);
+    None when the thread has ended."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # the thread ended meanwhile
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def thread_cpu():
-    """CPU time (s) per kind of thread: the main thread (and the part of it spent inside
-    Horovod's waits), hvtrace's writer, all others."""
+    """CPU time (s) per kind of thread: the main thread (its own clock; and the part of it spent
+    inside Horovod's waits), hvtrace's threads (writer, live detection, stall watch: named
+    ``hvtrace-*``), all others."""
     writers = {t.native_id for t in threading.enumerate() if t.name.startswith("hvtrace-")}
-    out = {"main": 0.0, "writer": 0.0, "other": 0.0, "wait": WAIT_CPU[0]}
+    out = {"main": time.thread_time(), "writer": 0.0, "other": 0.0, "wait": WAIT_CPU[0]}
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return out
     for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
+        if int(tid) == os.getpid():
             continue
-        kind = "main" if int(tid) == os.getpid() else "writer" if int(tid) in writers else "other"
-        out[kind] += (int(fields[11]) + int(fields[12])) / TICK
+        cpu = _task_cpu_s(tid)
+        if cpu is not None:
+            out["writer" if int(tid) in writers else "other"] += cpu
     return out
 
 

@@ -1,14 +1,17 @@
 """The tracer's per-step hooks, compiled against Python, side by side in one process.
 
     .venv/bin/python bench/tracer_forms.py [--steps 4000] [--rounds 5] [--tensors 2] [--parts]
-        [--no-pin] [--json PATH]
+        [--no-pin] [--seed N] [--json PATH]
 
 ``format_bench.py --tracer-only`` gives hvtrace's whole added cost per step and per allreduce,
 but each of its figures comes from separate processes whose medians spread 2-4x from one to the
 next (one process's memory layout and cores against another's), so a change of a few µs per
 step hides in it. Here three optimizers train three identical models in one one-rank Horovod job
 (``HOROVOD_ELASTIC=1`` makes Horovod register its gradient hooks with one rank, as in
-``format_bench.py``'s child), their steps taken in turn, the order rotated every step:
+``format_bench.py``'s child), their steps taken in turn, in a new random order every turn (in a
+fixed rotation, the arm that always came right after the untraced one measured 1-6 µs more than
+an identical arm placed elsewhere, in four invocations; in a random order the two agree within
+1 µs):
 
 - ``plain``: ``hvd.DistributedOptimizer``, untraced;
 - ``compiled``: ``hvtrace.DistributedOptimizer(model=...)`` as shipped (the per-step hooks of
@@ -18,21 +21,24 @@ step hides in it. Here three optimizers train three identical models in one one-
   installs), the enqueue wrapper and the counter reading still compiled, so that only the hooks
   differ.
 
-With ``--parts``, four more compiled arms take one piece away each, to show where the per-step
-cost goes (not configurations a user can choose):
+With ``--parts``, more compiled arms take one piece away each, to show where the per-step cost
+goes (not configurations a user can choose), beside a control:
 
 - ``no readings``: the counter reading replaced by a compiled call that returns None (not
   measured), so the five readings per step are gone and the rest is the same;
 - ``exact readings``: the counter reading without the switch check (every reading reads the
   thread's CPU clock: a system call), as where Linux allows no perf event;
 - ``no lr rows``: the consistency checks detached (no learning-rate rows, no fingerprints);
+- ``compiled again``: a second arm exactly like ``compiled``: how far two identical arms differ
+  is the bias that the other arms' differences carry (the order the arms are made in is
+  shuffled per invocation too, ``--seed``);
 - ``recording off``: recording switched off after the warm-up (the hooks installed, returning at
   once): what the hooks and wrappers cost as mechanisms.
 
 Unless ``--no-pin``, the main thread is pinned to one CPU and every other thread of the process
 (Horovod's background thread, spinning at its 10 µs cycle; the tracers' writer threads) to the
-others, once the arms are built: unpinned, where the scheduler puts those threads moves the
-per-step figures from one invocation to the next by more than the goal's margin.
+others, once the arms are built, so that the main thread never shares its CPU with them and
+each invocation places them alike.
 
 Each step is timed with ``time.thread_time_ns`` (the main thread's CPU); an arm's figure is the
 median over steps of its step minus the plain step of the same turn: hvtrace's added CPU per step
@@ -49,6 +55,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -96,11 +103,28 @@ def pin_threads() -> dict[str, Any] | None:
     return {"main_cpu": main_cpu, "other_cpus": sorted(rest), "other_threads": len(others)}
 
 
-PARTS = ("no readings", "exact readings", "no lr rows", "recording off")
+PARTS = ("no readings", "exact readings", "no lr rows", "compiled again", "recording off")
+
+
+def cpu_stat() -> tuple[int, int]:
+    """(all CPU ticks, steal ticks) of this machine so far (/proc/stat; zeros where missing):
+    what a hypervisor took from the VM, which the figures move with."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields[:8]), (fields[7] if len(fields) > 7 else 0)
 
 
 def measure(
-    steps: int, rounds: int, tensors: int, trace_dir: str, parts: bool = False, pin: bool = True
+    steps: int,
+    rounds: int,
+    tensors: int,
+    trace_dir: str,
+    parts: bool = False,
+    pin: bool = True,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Per traced arm: the added main-thread CPU per step (µs), per round and their median."""
     import horovod.torch as hvd
@@ -139,7 +163,11 @@ def measure(
             opt._hvtrace.checks = None
         return model, opt
 
-    arms = {n: arm(n) for n in ("plain", "compiled", "python", *(PARTS if parts else ()))}
+    names = ["plain", "compiled", "python", *(PARTS if parts else ())]
+    made = list(names)
+    random.Random(seed).shuffle(made)  # the order the arms are made in: see the module
+    arms = {n: arm(n) for n in made}
+    arms = {n: arms[n] for n in names}
     hooks = {n: type(arms[n][1].step).__name__ for n in arms}
     pinned = pin_threads() if pin else None
     log.info("pinned: %s", pinned)
@@ -153,18 +181,19 @@ def measure(
         opt.step()
         return time.thread_time_ns() - t0
 
-    names = list(arms)
     added: dict[str, list[float]] = {n: [] for n in names if n != "plain"}
     plain_us: list[float] = []
     if "recording off" in arms:  # recorded at first (its tensors learned), then switched off
         for _ in range(50):
             one_step("recording off")
         arms["recording off"][1]._hvtrace.rec.enabled = False
+    turn, rng = list(names), random.Random(seed + 1)
+    stat0 = cpu_stat()
     for r in range(rounds):
         times: dict[str, list[int]] = {n: [] for n in names}
         for i in range(steps + 50):
-            k = i % len(names)
-            for n in names[k:] + names[:k]:
+            rng.shuffle(turn)  # a new order every turn: no arm always follows the same one
+            for n in turn:
                 ns = one_step(n)
                 if i >= 50:  # warm-up
                     times[n].append(ns)
@@ -176,6 +205,11 @@ def measure(
     failed = [n for n in added if n != "recording off" and not arms[n][1]._hvtrace.rec.enabled]
     if failed:  # a tracer that failed stopped recording: its figures are not hvtrace's cost
         raise SystemExit(f"recording failed in arm(s) {failed}: the figures would be wrong")
+    stat1 = cpu_stat()
+    ticks = stat1[0] - stat0[0]
+    switch_check = {
+        n: getattr(arms[n][1]._hvtrace.read, "switch_check", None) for n in added
+    }  # (still on at the end: see hvtrace/record/cpustat.py)
     hvtrace.finish(sync_clock=False)
     return {
         "steps": steps,
@@ -183,7 +217,10 @@ def measure(
         "tensors": tensors,
         "step_types": hooks,
         "pinned": pinned,
+        "made_in_order": made,
+        "switch_check_on_at_end": switch_check,
         "plain_step_cpu_us": statistics.median(plain_us),
+        "steal_pct": 100.0 * (stat1[1] - stat0[1]) / ticks if ticks > 0 else None,
         "added_us": {n: statistics.median(v) for n, v in added.items()},
         "added_us_rounds": added,
     }
@@ -203,8 +240,13 @@ def print_table(res: dict[str, Any]) -> None:
         if pin
         else "threads not pinned"
     )
-    print(f"({where})")
+    steal = res.get("steal_pct")
+    print(f"({where}; arms made in the order {', '.join(res['made_in_order'])})")
+    if steal is not None:
+        print(f"(the hypervisor took {steal:.1f}% of this machine's CPU time meanwhile)")
     print_rows(res, "per-step hooks", 14)
+    on = [n for n, v in res["switch_check_on_at_end"].items() if v]
+    print(f"switch check still on at the end in: {', '.join(on) or 'none'}")
     diffs = [
         p - c for c, p in zip(res["added_us_rounds"]["compiled"], res["added_us_rounds"]["python"])
     ]
@@ -227,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-pin", action="store_true", help="leave the threads where the scheduler puts them"
     )
+    p.add_argument(
+        "--seed", type=int, default=None, help="the order the arms are made in (default: random)"
+    )
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     if args.tensors < 2 or args.tensors % 2:
@@ -234,7 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     with tempfile.TemporaryDirectory(prefix="hvtrace-forms-") as d:
         res = measure(
-            args.steps, args.rounds, args.tensors, d, parts=args.parts, pin=not args.no_pin
+            args.steps,
+            args.rounds,
+            args.tensors,
+            d,
+            parts=args.parts,
+            pin=not args.no_pin,
+            seed=random.randrange(2**31) if args.seed is None else args.seed,
         )
     print_table(res)
     if args.json:

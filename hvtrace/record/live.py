@@ -198,8 +198,14 @@ class LiveMonitor:
     to rows of the window's matrix; every ``every`` steps a put that has the window exchanged).
     """
 
-    def __init__(self, tracer: Any, every: int, offset_ns: int, hosts: dict[int, str]) -> None:
+    def __init__(
+        self, tracer: Any, every: int, offset_ns: int, hosts: dict[int, str], index: int = 0
+    ) -> None:
+        """``index``: the tracer's set-up in this process, counted in the same order on every
+        rank; it names this monitor's collectives apart from another tracer's (two traced
+        optimizers in one process, as a GAN's)."""
         self.tracer = tracer
+        self.index = int(index)
         self.every = int(every)
         self.offset_ns = int(offset_ns)
         self.hosts = hosts
@@ -278,7 +284,7 @@ class LiveMonitor:
         from horovod.torch import mpi_ops  # Horovod's own names: not recorded as the user's
 
         mine = torch.from_numpy(matrix)
-        handle = mpi_ops.allgather_async(mine, name=f"hvtrace.live.{k}")
+        handle = mpi_ops.allgather_async(mine, name=f"hvtrace.live.{self.index}.{k}")
         gathered = mpi_ops.synchronize(handle).numpy()
         if mpi_ops.rank() != 0:
             return
@@ -320,7 +326,8 @@ class LiveMonitor:
         )
         now = {v["rank"]: v for v in found}
         steps = gathered[:, 0]
-        first, last = int(np.nanmin(steps)), int(np.nanmax(steps))
+        steps = steps[np.isfinite(steps)]  # no steps at all where no rank recorded (all NaN)
+        first, last = (int(steps.min()), int(steps.max())) if steps.size else (None, None)
         # consistently: named (or not) in PERSIST_WINDOWS windows in a row
         for r in set(self.streak) | set(now):
             self.streak[r] = self.streak.get(r, 0) + 1 if r in now else 0

@@ -43,6 +43,7 @@ boundary, per step), followed by what runs off it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -71,6 +72,9 @@ K_UPDATE = KIND_CODE["update"]
 K_USER = KIND_CODE["user"]
 _NAN = math.nan
 _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
+#: Tracers set up in this process so far (past the set-up collective: the same count on every
+#: rank); live detection's collectives carry the number.
+_SETUPS = itertools.count()
 
 #: Steps after which the clock offsets are estimated again (then every CLOCK_RESYNC_EVERY steps).
 CLOCK_RESYNC_FIRST = 1000
@@ -193,6 +197,7 @@ def trace_optimizer(
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: set-up collective failed ({type(exc).__name__}: {exc}); not tracing")
         return None
+    setup_index = next(_SETUPS)  # every rank has come this far, as many times
     if membership.run_id is not None:  # joining a running elastic job: its run, its steps
         run_id = membership.run_id
     recording = None
@@ -212,7 +217,7 @@ def trace_optimizer(
     if tracer.rec.enabled and settings.horovod_timeline(horovod_timeline):
         tracer.start_horovod_timeline(Path(opts.trace_dir), run_id)
     if not membership.after_reset:  # after a reset live detection is off on every rank
-        _start_live(tracer, (membership.live_every, membership.hosts), clock)
+        _start_live(tracer, (membership.live_every, membership.hosts), clock, setup_index)
     try:
         every = settings.consistency_every(consistency_every)
         tracer.checks = consistency.make_checks(tracer, every)
@@ -680,14 +685,17 @@ class Tracer(PhasesBase):
         collectives.release(self)
 
 
-def _start_live(tracer: Tracer, setup: tuple[int, dict[int, str]] | None, clock: Any) -> None:
+def _start_live(
+    tracer: Tracer, setup: tuple[int, dict[int, str]] | None, clock: Any, index: int = 0
+) -> None:
     """Attach live detection (:mod:`hvtrace.record.live`) to the tracer, on every rank whether
     or not it records (its windows' collective must stay in step on all ranks; see
-    :meth:`Tracer._count_step`). Off with CUDA timers."""
+    :meth:`Tracer._count_step`). Off with CUDA timers. ``index``: the tracer's set-up in this
+    process (names its windows' collective apart from another tracer's)."""
     from hvtrace.record.live import LiveMonitor
 
     if setup is not None and setup[0] > 0 and not tracer.is_cuda:
-        tracer.live = LiveMonitor(tracer, setup[0], clock.offset_ns, setup[1])
+        tracer.live = LiveMonitor(tracer, setup[0], clock.offset_ns, setup[1], index)
 
 
 def horovod_timeline_name(run_id: str) -> str:

@@ -454,3 +454,37 @@ def test_the_switch_check_sees_every_preemption_on_a_shared_cpu(
     assert runq == true_runq and runq > 0.2 * (w1 - w0), (runq, w1 - w0)
     assert cpu < 0.8 * (w1 - w0)  # had preemptions been missed, cpu would be about the wall
     assert derived > 0 and exact > 0, (exact, derived)
+
+
+def test_the_switch_check_closes_itself_where_switches_outnumber_derived_readings(
+    switch_checked: ThreadCounters,
+) -> None:
+    """Reviewed every N readings: a thread read once per context switch (a short sleep between
+    readings: no reading can be derived, each switch made dearer) has the perf event closed and
+    reads the clock from then on, still measuring; one read many times between switches keeps
+    it."""
+    c, hot = switch_checked, hot_module()
+    clock = time.pthread_getcpuclockid(c.ident)
+
+    def reader():
+        return hot.ThreadReader(
+            clock, c._fd, cpustat.RUNQ_SLACK_NS, c.native_id, c.ident, 10**9, 64
+        )
+
+    sleepy = reader()
+    for _ in range(64):
+        sleepy()
+        time.sleep(0.0002)
+    assert not sleepy.switch_check and sleepy.derived_reads < 8
+    before = sleepy()
+    _busy(5 * MS)
+    time.sleep(0.005)
+    cpu, _ = deltas(before, sleepy())
+    assert 4 * MS <= cpu < 7 * MS  # the busy loop, not the sleep: the clock, read
+    busy = reader()
+    for _ in range(5):
+        for _ in range(64):
+            busy()
+            _busy(5_000)
+        time.sleep(0.0002)  # one switch per 64 readings
+    assert busy.switch_check and busy.derived_reads > 200

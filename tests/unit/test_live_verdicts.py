@@ -57,7 +57,7 @@ def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
     """A LiveMonitor without its thread or judge: the test drains its queue and runs ``_run``."""
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
-    mon.offset_ns, mon._stopped = offset_ns, False
+    mon.offset_ns, mon._stopped, mon.index = offset_ns, False, 0
     mon._q = live.queue.SimpleQueue()
     monkeypatch.setattr(mon, "_stop_judge", lambda: None)
     return mon
@@ -156,3 +156,36 @@ def test_live_records_merge_once_each_and_drop_junk() -> None:
     assert out == [a, b]
     many = [{"event": "late", "rank": i, "first_step": 0} for i in range(live.MAX_EVENTS + 5)]
     assert len(live.merge_live(many, None)) == live.MAX_EVENTS
+
+
+def test_windows_where_no_rank_recorded_a_step_are_judged_without_error(monkeypatch) -> None:
+    """Recording off everywhere (live detection still runs, in step): the gathered rows are all
+    NaN; a window of them names nobody and stops nothing, and a rank named before recovers."""
+    rec = SimpleNamespace(enabled=True, live_events=[])
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.tracer, mon.hosts, mon.named = SimpleNamespace(rec=rec), {0: "a", 1: "b"}, {}
+    mon.use_process, mon._judge_proc = False, None
+    mon.streak, mon.clear = {}, {}
+    for first in (20, 40):
+        mon._judge(np.vstack([_window(0.0, first), _window(20.0, first)]), 2)
+    assert [e["event"] for e in rec.live_events] == ["late"]
+    empty = np.full((8, live.N_COLS), np.nan)
+    for _ in range(live.PERSIST_WINDOWS):
+        mon._judge(empty, 2)
+    assert [e["event"] for e in rec.live_events] == ["late", "recovered"]
+    assert rec.live_events[-1]["first_step"] is None and mon.named == {}
+
+
+def test_two_monitors_in_one_process_gather_under_their_own_names(monkeypatch) -> None:
+    """Two traced optimizers in one process (a GAN's): each tracer's windows go out under names
+    of their own, or Horovod refuses the second while the first is in flight."""
+    mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
+    names = []
+    monkeypatch.setattr(mpi_ops, "allgather_async", lambda t, name: names.append(name) or t)
+    monkeypatch.setattr(mpi_ops, "synchronize", lambda h: h)
+    monkeypatch.setattr(mpi_ops, "rank", lambda: 1)  # not the judge
+    for index in (0, 1):
+        mon = _monitor(monkeypatch, 10, 0)
+        mon.index = index
+        mon._exchange(3, _window(0.0))
+    assert names == ["hvtrace.live.0.3", "hvtrace.live.1.3"]
