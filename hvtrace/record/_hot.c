@@ -617,6 +617,18 @@ static void ThreadReader_dealloc(ThreadReader *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *ThreadReader_close_switch_check(ThreadReader *self, PyObject *unused) {
+    reader_close_switch_check(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ThreadReader_methods[] = {
+    {"close_switch_check", (PyCFunction)ThreadReader_close_switch_check, METH_NOARGS,
+     "Close the perf event (the counters' close: a finished or forked-off reader keeps no event "
+     "on the thread); readings read the clock from then on."},
+    {NULL},
+};
+
 static PyObject *ThreadReader_switch_check(ThreadReader *self, void *closure) {
     return PyBool_FromLong(self->page != NULL);
 }
@@ -649,6 +661,7 @@ static PyTypeObject ThreadReaderType = {
                         "to close); with tid, ident and max_derived_ns, the switch check."),
     .tp_members = ThreadReader_members,
     .tp_getset = ThreadReader_getset,
+    .tp_methods = ThreadReader_methods,
     .tp_basicsize = sizeof(ThreadReader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = ThreadReader_new,

@@ -142,7 +142,11 @@ class ThreadCounters:
             self.derived_max_ns = MAX_DERIVED_NS
 
     def close(self) -> None:
-        """Close the schedstat file; later readings are ``None``."""
+        """Close the schedstat file and the switch check's perf event; later readings are
+        ``None`` (a reader still held elsewhere, as the tracer's, reads the clock only)."""
+        close_event = getattr(self.read, "close_switch_check", None)
+        if close_event is not None:
+            close_event()
         self.read = _no_reading
         fd, self._fd = self._fd, None
         if fd is not None:

@@ -406,6 +406,8 @@ def test_the_switch_check_derives_on_a_cpu_and_reads_the_clock_after_a_switch(
     t.start()
     t.join()
     assert read.exact_reads == e0 + 2 and seen[0][0] >= c[0]
+    switch_checked.close()  # (finish, or a forked child): the event goes with the counters
+    assert not read.switch_check
 
 
 def test_the_switch_check_sees_every_preemption_on_a_shared_cpu(
