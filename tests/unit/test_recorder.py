@@ -314,10 +314,10 @@ def test_writer_error_disables_and_keeps_flushed_spans(
         rec.add(KIND_CODE["user"], f"ok{i}", i, i + 1)
     rec.flush()  # first batch written for real
 
-    def no_space(self, rows, status):
+    def no_space(self, batch, status):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(TraceFile, "append", no_space)
+    monkeypatch.setattr(TraceFile, "write_batch", no_space)
     for i in range(3):
         rec.add(KIND_CODE["user"], f"lost{i}", i, i + 1)
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
@@ -346,10 +346,10 @@ def test_writer_error_in_background_thread(
 ) -> None:
     """The same failure inside the writer thread: recording stops, training code never sees it."""
 
-    def no_space(self, rows, status):
+    def no_space(self, batch, status):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(TraceFile, "append", no_space)
+    monkeypatch.setattr(TraceFile, "write_batch", no_space)
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
         rec = recorders(tmp_path, flush_interval_s=0.02)
         rec.add(KIND_CODE["user"], "x", 0, 1)

@@ -53,7 +53,7 @@ def test_a_stalled_file_system_cannot_hold_the_exit(tmp_path: Path, monkeypatch,
     assert rec.enabled
     rec.add(KIND_CODE["forward"], "forward", 1, 2)
     stall = threading.Event()
-    monkeypatch.setattr(TraceFile, "append", lambda self, rows, status: stall.wait())
+    monkeypatch.setattr(TraceFile, "write_batch", lambda self, batch, status: stall.wait())
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
         t0 = time.monotonic()
         rec.writer.close(timeout_s=0.5)
@@ -74,10 +74,10 @@ from helpers import make_header
 rec = Recorder(sys.argv[1], make_header(), flush_interval_s=0.05)
 assert rec.enabled
 stalled = threading.Event()
-def stall(self, rows, status):  # a write that never returns, as on a hung NFS mount
+def stall(self, batch, status):  # a write that never returns, as on a hung NFS mount
     stalled.set()
     threading.Event().wait()
-TraceFile.append = stall
+TraceFile.write_batch = stall
 rec.add(KIND_CODE["forward"], "forward", 1, 2)
 assert stalled.wait(10)
 print("stalled", flush=True)
