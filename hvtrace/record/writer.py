@@ -130,7 +130,8 @@ class BatchEncoder:
         :mod:`hvtrace.record.rows`; rows without readings get null ``cpu_ns`` and ``runq_ns``)
         and, with host timers, unexpanded :class:`~hvtrace.record.rows.Allreduces`, whose rows
         are the ones :func:`~hvtrace.record.rows.expand` makes, in the same places, built as
-        columns (no tuple per tensor: a 152-tensor model's step costs the writer 4-5x less)."""
+        columns (no tuple per tensor: a 152-tensor model's step costs the writer about 3x less,
+        bench/writer_cost.py)."""
         n_names = len(self._names)
         rows: list[tuple] = []
         row_pos: list[int] = []  # where each row goes among the batch's rows
