@@ -49,11 +49,13 @@ def test_a_rank_slowed_mid_run_is_named_live_with_its_phase(tmp_path: Path) -> N
     lines = [m.groups() for m in LINE.finditer(err)]
     late = [v for v in verdicts if v["event"] == "late"]
     assert len(lines) == len(late) and late, (tail(err), verdicts)
-    # before the delay, only CPU contention may be named (this 2-core host runs 2 ranks, their
-    # Horovod threads and the judge: "Why a rank is late" reports that the same way offline)
+    # before the delay, nothing like it: CPU contention may be named (this 2-core host runs 2
+    # ranks, their Horovod threads and the judge: "Why a rank is late" reports that the same way
+    # offline), and, once in a CI run, a rank 2.2 ms/step late in its backward (work) in steps
+    # 60-79: this host's noise, a tenth of the delay injected below
     before = [v for v in late if v["last_step"] < 80]
-    assert all(v["cause"] == "contention" for v in before), verdicts
-    first = next(v for v in late if v["cause"] != "contention")
+    assert all(v["cause"] == "contention" or v["late_ms"] < 25 / 4 for v in before), verdicts
+    first = next(v for v in late if v["cause"] != "contention" and v["last_step"] >= 80)
     assert (first["rank"], first["phase"], first["cause"]) == (1, "forward", "blocked"), verdicts
     assert first["first_step"] >= 80 and first["last_step"] <= 80 + 2 * EVERY, verdicts
     assert first["late_ms"] >= 15, verdicts
