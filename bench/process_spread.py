@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 CHILD = r"""
-import json, os, sys, tempfile, threading, time
+import json, os, sys, tempfile, time
 os.environ.setdefault("HOROVOD_ELASTIC", "1")
 os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.01")
 import horovod.torch as hvd, torch
@@ -57,14 +57,8 @@ x = torch.randn(4, 8)
 def step():
     opt.zero_grad(); model(x).sum().backward(); opt.step()
 for _ in range(200): step()
-cpus = sorted(os.sched_getaffinity(0))
-if len(cpus) > 1:
-    me = threading.get_native_id()
-    for t in os.listdir("/proc/self/task"):
-        if int(t) != me:
-            try: os.sched_setaffinity(int(t), set(cpus[:-1]))
-            except OSError: pass
-    os.sched_setaffinity(0, {cpus[-1]})
+from tracer_forms import pin_threads  # (bench/ is on PYTHONPATH)
+pin_threads()
 t0, w0 = time.thread_time_ns(), wait_ns[0]
 for _ in range(steps): step()
 total, wait = (time.thread_time_ns() - t0) / steps / 1e3, (wait_ns[0] - w0) / steps / 1e3
@@ -92,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         script = os.path.join(d, "child.py")
         with open(script, "w") as f:
             f.write(CHILD)
+        # the child pins its threads as tracer_forms.py does (its pin_threads, from bench/)
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path}
         for _ in range(args.runs):
             for mode in out:
                 proc = subprocess.run(
@@ -99,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                     capture_output=True,
                     text=True,
                     timeout=600,
+                    env=env,
                 )
                 if proc.returncode != 0:
                     raise SystemExit(f"{mode} child failed: {proc.stderr[-2000:]}")
