@@ -130,6 +130,12 @@ import types
 T0 = time.perf_counter()
 SPEC = json.loads(sys.argv[1])
 MARKS = []
+if SPEC.get("pin"):  # each rank (every thread it starts from here on) on CPUs of its own
+    _cpus = sorted(os.sched_getaffinity(0))
+    _local = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    _size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    if len(_cpus) >= _size:
+        os.sched_setaffinity(0, set(_cpus[_local::_size]))
 
 
 def _status_mb(key):
@@ -497,6 +503,7 @@ def run_once(
         "net": size["net"],
         "out": str(d / "rank-{rank}.json"),
         "recording_off": mode == "installed",
+        "pin": args.pin,
     }
     child = work / "rank_child.py"
     if not child.exists():
@@ -1171,6 +1178,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "model",
     )
     p.add_argument("--np", type=int, default=2, help="ranks (all on localhost)")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="each rank and all its threads on CPUs of its own (local rank r of n: CPUs r, r+n, "
+        "...), as the seeds advise for real jobs; without it ranks float over all CPUs",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     p.add_argument(
         "--no-warmup-run",

@@ -42,6 +42,8 @@ hvd.init(); torch.set_num_threads(1)
 mode, steps = sys.argv[1], int(sys.argv[2])
 if "nogc" in sys.argv[3:]:
     import gc; gc.disable()
+if "imported" in sys.argv[3:]:
+    import hvtrace
 if "exact" in sys.argv[3:]:
     import hvtrace.record.cpustat as cpustat; cpustat.MAX_DERIVED_NS = 0
 model = nn.Sequential(nn.Linear(8, 8))
@@ -53,6 +55,8 @@ else:
     opt = hvtrace.DistributedOptimizer(
         sgd, named_parameters=model.named_parameters(), trace_dir=tempfile.mkdtemp(), model=model
     )
+if mode != "untraced" and "off" in sys.argv[3:]:
+    opt._hvtrace.rec.enabled = False
 x = torch.randn(4, 8)
 def step():
     opt.zero_grad(); model(x).sum().backward(); opt.step()
@@ -77,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         "--variant",
         nargs="*",
         default=[],
-        choices=["nogc", "exact"],
-        help="nogc: Python's garbage collector off in both modes; exact: no switch check",
+        choices=["nogc", "exact", "imported", "off"],
+        help="nogc: Python's garbage collector off in both modes; exact: no switch check; "
+        "imported: the untraced process imports hvtrace too; off: the traced process switches "
+        "recording off (its wrappers, writer and threads stay)",
     )
     args = p.parse_args(argv)
     out: dict[str, list[dict]] = {"untraced": [], "hvtrace": []}

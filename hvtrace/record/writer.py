@@ -199,7 +199,11 @@ class BatchEncoder:
         observed completion, else at ``e.end`` (as :func:`~hvtrace.record.rows.expand`)."""
         meta = e.meta
         infos = [meta[key] for _, key, _ in e.enqueued]
-        if len(infos) != len(self._ar_meta) or not all(map(operator.is_, infos, self._ar_meta)):
+        if (
+            not self._ar_cols  # nothing cached yet (a first synchronize may enqueue nothing)
+            or len(infos) != len(self._ar_meta)
+            or not all(map(operator.is_, infos, self._ar_meta))
+        ):
             name_id = self._name_id
             self._ar_cols = (
                 np.fromiter((len(i[0]) for i in infos), np.int64, len(infos)),

@@ -315,13 +315,13 @@ hvtrace.finish(sync_clock=False)
 """
 
 
-def test_tracer_phases_carry_counters_that_tile_the_step(tmp_path: Path) -> None:
-    """A real one-rank Horovod run: every phase span has counters, allreduces none; the phases'
-    counters (input, forward, backward, wait, update) add up to the step's."""
-    pytest.importorskip("horovod.torch")
-    if ThreadCounters().mode != "schedstat":
-        pytest.skip("no /proc/self/task/TID/schedstat here")
-    env = dict(os.environ, HOROVOD_ELASTIC="1", HOROVOD_CYCLE_TIME="0.1", PYTHONWARNINGS="ignore")
+def _traced_child(tmp_path: Path, elastic: bool) -> tuple[list[dict], str]:
+    """Run :data:`TRACER_CHILD` as one process (``HOROVOD_ELASTIC=1``: Horovod's optimizer
+    allreduces even at one rank); return its trace's rows and its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "HOROVOD_ELASTIC"}
+    env.update(HOROVOD_CYCLE_TIME="0.1", PYTHONWARNINGS="ignore")
+    if elastic:
+        env["HOROVOD_ELASTIC"] = "1"
     proc = subprocess.run(
         [sys.executable, "-c", TRACER_CHILD, str(tmp_path)],
         capture_output=True,
@@ -331,7 +331,16 @@ def test_tracer_phases_carry_counters_that_tile_the_step(tmp_path: Path) -> None
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = tmp_path.glob("*.parquet")
-    rows = pq.read_table(path).to_pylist()
+    return pq.read_table(path).to_pylist(), proc.stderr
+
+
+def test_tracer_phases_carry_counters_that_tile_the_step(tmp_path: Path) -> None:
+    """A real one-rank Horovod run: every phase span has counters, allreduces none; the phases'
+    counters (input, forward, backward, wait, update) add up to the step's."""
+    pytest.importorskip("horovod.torch")
+    if ThreadCounters().mode != "schedstat":
+        pytest.skip("no /proc/self/task/TID/schedstat here")
+    rows, _ = _traced_child(tmp_path, elastic=True)
     kinds = {r["kind"] for r in rows}
     assert {"step", "input", "forward", "backward", "wait", "update", "allreduce"} <= kinds
     for r in rows:
@@ -353,6 +362,20 @@ def test_tracer_phases_carry_counters_that_tile_the_step(tmp_path: Path) -> None
         for col in ("cpu_ns", "runq_ns"):
             parts = sum(by[k][col] for k in ("input", "forward", "backward", "wait", "update"))
             assert parts == by["step"][col], (step, col)
+
+
+def test_a_plain_single_process_run_is_traced_whole(tmp_path: Path) -> None:
+    """``python train.py`` without horovodrun: one rank, where Horovod's optimizer registers no
+    gradient hooks and allreduces nothing, so every ``synchronize()`` enqueues nothing. The
+    trace must still hold every step (the writer once failed on such a first synchronize and
+    disabled tracing)."""
+    pytest.importorskip("horovod.torch")
+    rows, stderr = _traced_child(tmp_path, elastic=False)
+    assert "tracing disabled" not in stderr, stderr[-3000:]
+    assert sorted(r["step"] for r in rows if r["kind"] == "step") == list(range(12))
+    assert not [r for r in rows if r["kind"] == "allreduce"]
+    for kind in ("input", "forward", "backward", "wait", "update"):
+        assert len([r for r in rows if r["kind"] == kind]) == 12, kind
 
 
 @pytest.fixture()

@@ -182,6 +182,7 @@ def test_two_monitors_in_one_process_gather_under_their_own_names(monkeypatch) -
     mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
     names = []
     monkeypatch.setattr(mpi_ops, "allgather_async", lambda t, name: names.append(name) or t)
+    monkeypatch.setattr(mpi_ops, "poll", lambda h: True)
     monkeypatch.setattr(mpi_ops, "synchronize", lambda h: h)
     monkeypatch.setattr(mpi_ops, "rank", lambda: 1)  # not the judge
     for index in (0, 1):
@@ -189,3 +190,32 @@ def test_two_monitors_in_one_process_gather_under_their_own_names(monkeypatch) -
         mon.index = index
         mon._exchange(3, _window(0.0))
     assert names == ["hvtrace.live.0.3", "hvtrace.live.1.3"]
+
+
+def test_wait_done_sleeps_between_looks_doubling_to_the_cap(monkeypatch):
+    """The live thread's wait for its allgather looks, sleeps, looks again (the sleeps doubling
+    from WAIT_FIRST_S up to WAIT_MAX_S), and returns once the handle is done, never spinning."""
+    slept: list[float] = []
+    monkeypatch.setattr(live.time, "sleep", slept.append)
+    answers = iter([False] * 9 + [True])
+    looked: list[object] = []
+
+    def poll(handle):
+        looked.append(handle)
+        return next(answers)
+
+    assert live.wait_done(poll, "h") == 10
+    assert looked == ["h"] * 10
+    expected, d = [], live.WAIT_FIRST_S
+    for _ in range(9):
+        expected.append(d)
+        d = min(2 * d, live.WAIT_MAX_S)
+    assert slept == pytest.approx(expected)
+    assert max(slept) == live.WAIT_MAX_S and slept[0] == live.WAIT_FIRST_S
+
+
+def test_wait_done_returns_at_once_when_done(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(live.time, "sleep", slept.append)
+    assert live.wait_done(lambda h: True, 1) == 1
+    assert slept == []

@@ -82,3 +82,16 @@ def test_new_tensors_or_new_meta_are_not_taken_from_the_last_synchronize() -> No
     fewer = Allreduces(3, 0, 0, [(4_001, 12, 103)], [(103, 4_010)], 4_099, META)
     _same(enc.encode([fewer]), BatchEncoder().encode(expand([fewer], [])))
     assert enc.encode([]).num_rows == 0
+
+
+def test_a_synchronize_with_nothing_enqueued_first_and_between() -> None:
+    """A synchronize that enqueued nothing (every step of a single-process run, where Horovod
+    registers no gradient hooks; or a step with no gradients) holds no rows, first in a fresh
+    encoder (nothing cached yet) and between ones that hold some."""
+    empty = [Allreduces(s, 0, 2, [], [], 500 + s, {}) for s in range(3)]
+    enc = BatchEncoder()
+    batch = enc.encode([_row(0, "input", 10), empty[0], _row(0, "step", 40)])
+    assert batch.num_rows == 2
+    assert batch.column("name").cast(pa.string()).to_pylist() == ["input", "step"]
+    entries = [empty[1], _sync(1, 1_000), empty[2], _sync(2, 2_000), _row(2, "step", 50)]
+    _same(enc.encode(entries), BatchEncoder().encode(expand(entries, [])))
