@@ -130,12 +130,9 @@ import types
 T0 = time.perf_counter()
 SPEC = json.loads(sys.argv[1])
 MARKS = []
-if SPEC.get("pin"):  # each rank (every thread it starts from here on) on CPUs of its own
+if SPEC.get("pin"):  # each rank (every thread it starts from here on) on one CPU of its own
     _cpus = sorted(os.sched_getaffinity(0))
-    _local = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
-    _size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
-    if len(_cpus) >= _size:
-        os.sched_setaffinity(0, set(_cpus[_local::_size]))
+    os.sched_setaffinity(0, {_cpus[int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(_cpus)]})
 
 
 def _status_mb(key):
@@ -408,8 +405,8 @@ class RunResult:
         return 1e3 * statistics.median(self.step_s[warmup:])
 
 
-def describe(model: str) -> str:
-    """One line saying what ``model`` is."""
+def describe(model: str, batch_size: int = 0) -> str:
+    """One line saying what ``model`` is (``batch_size``: the per-rank batch, 0: the model's)."""
     size = MODELS[model]
     net = (
         "residual LayerNorm+Linear blocks"
@@ -417,7 +414,8 @@ def describe(model: str) -> str:
         else "MLP (the demo's), hidden layers"
     )
     return (
-        f"{net} x {size['layers']}, width {size['width']}, batch {size['batch_size']} per rank, "
+        f"{net} x {size['layers']}, width {size['width']}, "
+        f"batch {batch_size or size['batch_size']} per rank, "
         f"{grad_tensors(model)} gradient tensors"
     )
 
@@ -469,12 +467,14 @@ def run_once(
         "--layers",
         str(size["layers"]),
         "--batch-size",
-        str(size["batch_size"]),
+        str(args.batch_size or size["batch_size"]),
         "--step-times",
         str(d / "steps-{rank}.json"),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("HOROVOD_TIMELINE", "HVTRACE")}
     env["PYTHONWARNINGS"] = "ignore"
+    if args.np == 1:  # Horovod's optimizer allreduces nothing at one rank unless told it is elastic
+        env["HOROVOD_ELASTIC"] = "1"
     out: Path
     if mode in ("untraced", "imported"):
         argv.append("--no-trace")
@@ -985,7 +985,7 @@ def print_tables(summary: dict[str, Any], args: argparse.Namespace) -> None:
         "(vs untraced, per-round ratio): less disturbed by other load than wall time"
     )
     for model, per_mode in summary.items():
-        print(f"\nmodel {model}: {describe(model)}")
+        print(f"\nmodel {model}: {describe(model, args.batch_size)}")
         rows = []
         for mode, m in per_mode.items():
             if m["overhead_pct"] is None:
@@ -1179,10 +1179,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--np", type=int, default=2, help="ranks (all on localhost)")
     p.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="per-rank batch size instead of the model's (to reach a step time; 0: the model's)",
+    )
+    p.add_argument(
         "--pin",
         action="store_true",
-        help="each rank and all its threads on CPUs of its own (local rank r of n: CPUs r, r+n, "
-        "...), as the seeds advise for real jobs; without it ranks float over all CPUs",
+        help="each rank and all its threads on one CPU (local rank r: the r-th CPU), as the "
+        "seeds advise for real jobs; without it ranks float over all CPUs",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     p.add_argument(

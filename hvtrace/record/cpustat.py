@@ -64,8 +64,10 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from hvtrace.record.native import hot_module
 
@@ -210,18 +212,39 @@ def runq_ns(raw: bytes) -> int:
 
 
 def deltas(start: Any, end: Any) -> tuple[int | None, int | None]:
-    """``(cpu_ns, runq_ns)`` between two readings; None where not measured.
+    """``(cpu_ns, runq_ns)`` between two readings; None where not measured (see
+    :func:`deltas_columns`, which defines them)."""
+    cpu, runq, cpu_ok, runq_ok = deltas_columns([(start, end)])
+    return (int(cpu[0]) if cpu_ok[0] else None), (int(runq[0]) if runq_ok[0] else None)
 
-    Called by the writer thread, off the hot path. Negative differences (a counter that went
-    back: impossible for one thread) give None.
-    """
-    if start is None or end is None:
-        return None, None
-    if type(start) is tuple and type(end) is tuple:
-        cpu = end[0] - start[0]
-        runq = runq_ns(end[1]) - runq_ns(start[1])
-        return (cpu if cpu >= 0 else None), (runq if runq >= 0 else None)
-    c0 = start[0] if type(start) is tuple else start
-    c1 = end[0] if type(end) is tuple else end
-    cpu = c1 - c0
-    return (cpu if cpu >= 0 else None), None
+
+def deltas_columns(
+    pairs: Sequence[tuple[Any, Any]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU time and run-queue wait (ns, int64) between each pair of readings ``(start,
+    end)``, and whether each was measured (bool): not where a reading is None, no run-queue
+    wait where a reading has no schedstat line (the CPU clock only), neither where a counter
+    went back (impossible for one thread).
+
+    Called by the writer thread, off the hot path. Each schedstat line is parsed once: readings
+    that found it unchanged share the same bytes object."""
+    n = len(pairs)
+    cpu, runq = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    cpu_ok, runq_ok = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
+    parsed: dict[int, int] = {}  # id of a line (kept alive by ``pairs``) -> its run-queue wait
+    for j, (start, end) in enumerate(pairs):
+        if start is None or end is None:
+            continue
+        both = type(start) is tuple and type(end) is tuple
+        c = (end[0] if type(end) is tuple else end) - (start[0] if type(start) is tuple else start)
+        if c >= 0:
+            cpu[j], cpu_ok[j] = c, True
+        if both:
+            r0, r1 = parsed.get(id(start[1])), parsed.get(id(end[1]))
+            if r0 is None:
+                r0 = parsed[id(start[1])] = runq_ns(start[1])
+            if r1 is None:
+                r1 = parsed[id(end[1])] = runq_ns(end[1])
+            if r1 >= r0:
+                runq[j], runq_ok[j] = r1 - r0, True
+    return cpu, runq, cpu_ok, runq_ok

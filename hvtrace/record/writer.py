@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from hvtrace.record import rows as rows_mod
-from hvtrace.record.cpustat import deltas
+from hvtrace.record.cpustat import deltas_columns
 from hvtrace.record.elastic import merge_membership
 from hvtrace.record.live import merge_live
 from hvtrace.record.netstat import merge_connections
@@ -58,7 +58,7 @@ log = logging.getLogger("hvtrace")
 
 # Row layout in the buffer (positions in the tuple): see hvtrace.record.rows.
 STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS = range(10)
-CPU_START, BASE_LEN = rows_mod.CPU_START, rows_mod.BASE_LEN
+CPU_START, CPU_END, BASE_LEN = rows_mod.CPU_START, rows_mod.CPU_END, rows_mod.BASE_LEN
 _K_ALLREDUCE = rows_mod._K_ALLREDUCE
 
 
@@ -135,7 +135,10 @@ class BatchEncoder:
         n_names = len(self._names)
         rows: list[tuple] = []
         row_pos: list[int] = []  # where each row goes among the batch's rows
-        ars: list[tuple] = []  # per synchronize: (its first row's place, its columns)
+        syncs: list[rows_mod.Allreduces] = []
+        tensors: list[tuple[np.ndarray, ...]] = []  # per synchronize: its tensors' columns
+        sync_pos: list[int] = []  # where each synchronize's first row goes
+        tensor_columns = self._tensor_columns
         n = 0
         for e in entries:
             if type(e) is tuple:
@@ -143,16 +146,25 @@ class BatchEncoder:
                 row_pos.append(n)
                 n += 1
             else:
-                cols = self._allreduce_columns(e)
-                ars.append((n, cols))
-                n += len(cols[0])
+                cols = tensor_columns(e)
+                syncs.append(e)
+                tensors.append(cols)
+                sync_pos.append(n)
+                n += len(cols[1])
         parts = self._row_columns(rows)
-        if ars:
-            parts = self._interleave(parts, np.asarray(row_pos, np.int64), ars, n)
+        if syncs:
+            sizes = np.fromiter((len(t[1]) for t in tensors), np.int64, len(tensors))
+            parts = _interleave(
+                parts,
+                np.asarray(row_pos, np.int64),
+                self._allreduce_block(syncs, tensors, sizes),
+                np.asarray(sync_pos, np.int64),
+                sizes,
+                n,
+            )
         if len(self._names) != n_names:
             self._name_dict = _strings(self._names)
-        step, micro, kind, name, start, end, nbytes, dtype, value, flags, counters = parts
-        cpu, runq = _counters(counters)
+        step, micro, kind, name, start, end, nbytes, dtype, value, flags = parts[:BASE_LEN]
         arrays = [
             _fixed(step, np.int32, pa.int32()),
             _fixed(micro, np.int16, pa.int16()),
@@ -164,21 +176,18 @@ class BatchEncoder:
             pa.DictionaryArray.from_arrays(_fixed(dtype, np.int8, pa.int8()), _DTYPE_DICT),
             _fixed(value, np.float64, pa.float64()),
             _fixed(flags, np.uint8, pa.uint8()),
-            cpu,
-            runq,
+            _nullable_int64(parts[BASE_LEN], parts[BASE_LEN + 2]),  # cpu_ns
+            _nullable_int64(parts[BASE_LEN + 1], parts[BASE_LEN + 3]),  # runq_ns
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=FILE_SCHEMA)
 
     def _row_columns(self, rows: list[tuple]) -> list[np.ndarray]:
-        """The columns of rows (tuples), and their counters: an ``(n, 2)`` object array of the
-        readings at start and end (None: not measured)."""
+        """The columns of rows (tuples): the ten of a row's fields, then ``cpu_ns``,
+        ``runq_ns`` and whether each was measured (from the readings at start and end)."""
         name_id = self._name_id
         names = np.fromiter((name_id(r[NAME]) for r in rows), np.int32, len(rows))
-        counters = np.full((len(rows), 2), None, object)
-        for j, r in enumerate(rows):
-            if len(r) > CPU_START and r[CPU_START] is not None:
-                counters[j, 0], counters[j, 1] = r[CPU_START], r[CPU_START + 1]
         cols = list(zip(*(r[:BASE_LEN] for r in rows))) if rows else [()] * BASE_LEN
+        readings = [(r[CPU_START], r[CPU_END]) if len(r) > CPU_START else _UNREAD for r in rows]
         return [
             np.asarray(cols[STEP], np.int32),
             np.asarray(cols[MICRO], np.int16),
@@ -190,13 +199,13 @@ class BatchEncoder:
             np.asarray(cols[DTYPE], np.int8),
             np.asarray(cols[VALUE], np.float64),
             np.asarray(cols[FLAGS], np.uint8),
-            counters,
+            *deltas_columns(readings),
         ]
 
-    def _allreduce_columns(self, e: rows_mod.Allreduces) -> tuple[np.ndarray, ...]:
-        """``(names, bytes, dtypes, start, end)`` of one synchronize's allreduces, a row per
-        tensor: each enqueued call's tensors start at its enqueue and end at its handle's first
-        observed completion, else at ``e.end`` (as :func:`~hvtrace.record.rows.expand`)."""
+    def _tensor_columns(self, e: rows_mod.Allreduces) -> tuple[np.ndarray, ...]:
+        """``(tensors per enqueued call, names, bytes, dtypes)`` of one synchronize's
+        allreduces: the last synchronize's when its meta entries are the very same objects (a
+        model's allreduces are the same from one step to the next)."""
         meta = e.meta
         infos = [meta[key] for _, key, _ in e.enqueued]
         if (
@@ -212,86 +221,89 @@ class BatchEncoder:
                 np.fromiter((d for i in infos for d in i[2]), np.int8),
             )
             self._ar_meta = infos
-        counts, names, nbytes, dtypes = self._ar_cols
-        ends: dict[Any, Any] = {}
-        for handle, tok in e.done:
-            ends.setdefault(handle, tok)
-        end, get = e.end, ends.get
-        start = np.fromiter((s for s, _, _ in e.enqueued), np.int64, len(infos))
-        stop = np.fromiter(
-            (get(h[0] if type(h) is tuple else h, end) for _, _, h in e.enqueued),
-            np.int64,
-            len(infos),
-        )
-        if len(names) != len(infos):  # grouped allreduces: several tensors per call
-            start, stop = np.repeat(start, counts), np.repeat(stop, counts)
-        return names, nbytes, dtypes, start, stop, e.step, e.micro, e.flags
+        return self._ar_cols
 
     @staticmethod
-    def _interleave(
-        row_cols: list[np.ndarray], row_pos: np.ndarray, ars: list[tuple], n: int
+    def _allreduce_block(
+        syncs: list[rows_mod.Allreduces], tensors: list[tuple[np.ndarray, ...]], sizes: np.ndarray
     ) -> list[np.ndarray]:
-        """The batch's ``n`` columns: the rows' at ``row_pos``, each synchronize's allreduces
-        from its first row's place on (``ars``: ``(place, allreduce columns)``)."""
-        sizes = np.fromiter((len(c[0]) for _, c in ars), np.int64, len(ars))
-        firsts = np.fromiter((p for p, _ in ars), np.int64, len(ars))
-        # the allreduce rows' places: each synchronize's first place, then one by one
-        ar_pos = np.arange(int(sizes.sum()), dtype=np.int64)
-        ar_pos += np.repeat(firsts - (np.cumsum(sizes) - sizes), sizes)
+        """The batch columns of every synchronize's allreduces, one after another (as
+        :func:`_interleave` takes them), a row per tensor: each enqueued call's tensors start at
+        its enqueue and end at its handle's first observed completion, else at the
+        synchronize's end (as :func:`~hvtrace.record.rows.expand`); no counters."""
+        total = int(sizes.sum())
 
-        def cat(k: int) -> np.ndarray:
-            return np.concatenate([c[k] for _, c in ars])
+        def stops() -> Any:
+            for e in syncs:
+                ends: dict[Any, Any] = {}
+                for handle, tok in e.done:
+                    ends.setdefault(handle, tok)
+                end, get = e.end, ends.get
+                for _, _, h in e.enqueued:
+                    yield get(h[0] if type(h) is tuple else h, end)
 
-        def per(k: int, dtype: Any) -> np.ndarray:
-            return np.repeat(np.fromiter((c[k] for _, c in ars), dtype, len(ars)), sizes)
+        n_calls = sum(len(e.enqueued) for e in syncs)
+        start = np.fromiter((s for e in syncs for s, _, _ in e.enqueued), np.int64, n_calls)
+        stop = np.fromiter(stops(), np.int64, n_calls)
+        if n_calls != total:  # grouped allreduces: several tensors per call
+            counts = np.concatenate([t[0] for t in tensors])
+            start, stop = np.repeat(start, counts), np.repeat(stop, counts)
 
-        ar_cols = [
-            per(5, np.int32),  # step
-            per(6, np.int16),  # micro
-            np.full(len(ar_pos), _K_ALLREDUCE, np.int8),
-            cat(0),  # names
-            cat(3),  # start
-            cat(4),  # end
-            cat(1),  # bytes
-            cat(2),  # dtype
-            np.full(len(ar_pos), np.nan, np.float64),
-            per(7, np.uint8),  # flags
-            None,  # counters: none
+        def per_sync(values: Any, dtype: Any) -> np.ndarray:
+            return np.repeat(np.fromiter(values, dtype, len(syncs)), sizes)
+
+        zeros = np.zeros(total, np.int64)
+        unmeasured = np.zeros(total, np.bool_)
+        return [
+            per_sync((e.step for e in syncs), np.int32),
+            per_sync((e.micro for e in syncs), np.int16),
+            np.full(total, _K_ALLREDUCE, np.int8),
+            np.concatenate([t[1] for t in tensors]),  # names
+            start,
+            stop,
+            np.concatenate([t[2] for t in tensors]),  # bytes
+            np.concatenate([t[3] for t in tensors]),  # dtypes
+            np.full(total, np.nan, np.float64),
+            per_sync((e.flags for e in syncs), np.uint8),
+            zeros,  # cpu_ns
+            zeros,  # runq_ns
+            unmeasured,
+            unmeasured,
         ]
-        out = []
-        for rc, ac in zip(row_cols, ar_cols):
-            col = np.full((n, 2), None, object) if ac is None else np.empty(n, rc.dtype)
-            col[row_pos] = rc
-            if ac is not None:
-                col[ar_pos] = ac
-            out.append(col)
-        return out
 
 
-def _counters(readings: np.ndarray) -> tuple[pa.Array, pa.Array]:
-    """The ``cpu_ns`` and ``runq_ns`` columns of rows whose counter readings at start and end
-    are ``readings`` (an ``(n, 2)`` object array; None: not measured, null). The schedstat lines
-    are parsed here, in the writer thread."""
-    n = len(readings)
-    measured = np.flatnonzero(readings[:, 0] != None)  # noqa: E711 - elementwise
-    if not len(measured):
-        return pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())
-    values = np.zeros((2, n), np.int64)
-    valid = np.zeros((2, n), np.bool_)
-    for j in measured.tolist():
-        cpu, runq = deltas(readings[j, 0], readings[j, 1])
-        if cpu is not None:
-            values[0, j], valid[0, j] = cpu, True
-        if runq is not None:
-            values[1, j], valid[1, j] = runq, True
+#: The readings of a row that has none.
+_UNREAD = (None, None)
+
+
+def _interleave(
+    row_cols: list[np.ndarray],
+    row_pos: np.ndarray,
+    ar_cols: list[np.ndarray],
+    sync_pos: np.ndarray,
+    sizes: np.ndarray,
+    n: int,
+) -> list[np.ndarray]:
+    """The batch's ``n`` rows, column by column: the rows' at ``row_pos``, each synchronize's
+    ``sizes`` allreduces (``ar_cols``, one synchronize after another) from its first row's
+    place (``sync_pos``) on, one by one."""
+    ar_pos = np.arange(int(sizes.sum()), dtype=np.int64)
+    ar_pos += np.repeat(sync_pos - (np.cumsum(sizes) - sizes), sizes)
     out = []
-    for k in range(2):
-        bits = pa.py_buffer(np.packbits(valid[k], bitorder="little"))
-        nulls = n - int(valid[k].sum())
-        out.append(
-            pa.Array.from_buffers(pa.int64(), n, [bits, pa.py_buffer(values[k])], null_count=nulls)
-        )
-    return out[0], out[1]
+    for rc, ac in zip(row_cols, ar_cols):
+        col = np.empty(n, rc.dtype)
+        col[row_pos] = rc
+        col[ar_pos] = ac
+        out.append(col)
+    return out
+
+
+def _nullable_int64(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """An int64 Arrow array of ``values``, null where not ``valid``."""
+    n = len(values)
+    bits = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = n - int(valid.sum())
+    return pa.Array.from_buffers(pa.int64(), n, [bits, pa.py_buffer(values)], null_count=nulls)
 
 
 class TraceFile:
