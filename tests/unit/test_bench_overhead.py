@@ -183,3 +183,30 @@ def test_ab_summary_compares_main_thread_cpu_when_measured():
     assert ab["cpu_on_ms"] == pytest.approx(0.5 * ab["on_ms"])
     lo, hi = ab["cpu_ci95_pct"]
     assert lo < 5.0 < hi
+
+
+def test_by_parts_adds_the_training_threads_and_hvtraces_threads_cost_per_rank():
+    """A run whose traced steps' main-thread CPU is 0.1 ms more (outside Horovod's waits), with
+    hvtrace's threads at 0.06 ms per step for two ranks, against 10 ms of untraced CPU per rank:
+    about 1.3%, its interval around that; the verdict follows the interval."""
+    mod = _overhead_module()
+    run = _run(mod, 0.0)
+    on = np.asarray(run.traced)
+    rng = np.random.default_rng(5)
+    cpu = 5.0 + rng.normal(0.0, 0.2, len(on)) + np.where(on, 0.1, 0.0)  # ms
+    wait = np.full(len(on), 1.0)
+    run.step_cpu_s, run.step_wait_s = list(cpu / 1e3), list(wait / 1e3)
+    ab = mod.ab_summary(run, every=4, warmup=10)
+    summary = {"large": {"untraced": {"cpu_ms_per_step": 20.0}}}  # two ranks
+    whole = {"large": {"threads": {"hvtrace": {"writer": 0.06}}}}
+    parts = mod.by_parts(summary, whole, [ab], 2)["large"]
+    assert parts["hooks_ms"] == pytest.approx(0.1, abs=0.04)
+    assert parts["outside_waits_ms"] == pytest.approx(0.1, abs=0.04)
+    assert parts["threads_ms"] == pytest.approx(0.03)
+    assert parts["threads_from"] == "whole-process runs"
+    assert parts["pct"] == pytest.approx(100 * (parts["hooks_ms"] + 0.03) / 10.0)
+    lo, hi = parts["pct_ci"]
+    assert lo < 1.3 < hi
+    without = mod.by_parts(summary, {}, [ab], 2)["large"]  # no whole-process runs: A/B's writer
+    assert without["threads_ms"] == pytest.approx(ab["writer_cpu_ms_per_step"] / 2)
+    assert mod.by_parts({}, whole, [ab], 2) == {}  # no untraced runs: nothing to compare with
