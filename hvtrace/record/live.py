@@ -29,7 +29,6 @@ read without synchronizing, and live detection is off (documented, not run on a 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
@@ -38,7 +37,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from hvtrace.record.cpustat import runq_ns
+from hvtrace.record.cpustat import deltas_columns
 from hvtrace.record.rows import Allreduces
 from hvtrace.schema import KIND_CODE, STEP_PHASE_KINDS
 
@@ -74,48 +73,55 @@ def step_matrix(window: list[list], offset_ns: int) -> np.ndarray:
     """Reduce a window's per-step entry lists (what the tracer hands the recorder each step) to
     one row per step: see :data:`N_COLS`. Times on rank 0's clock (``local - offset_ns``).
 
-    Runs on the live thread, holding the GIL the training thread needs: plain Python over a few
-    entries per step, each counter reading parsed once (a phase boundary's reading is shared by
-    the span that ends and the one that starts there)."""
+    Runs on the live thread, holding the GIL the training thread needs: one pass of plain
+    Python over the entries picks the phase rows; their durations and counters (the writer's
+    :func:`~hvtrace.record.cpustat.deltas_columns`, each schedstat line parsed once) are then
+    summed per step and phase with numpy."""
     out = np.full((len(window), N_COLS), np.nan)
-    code, nan = _CODE, math.nan
+    code = _CODE
+    steps: list[int] = []  # per phase row: its step's index in the window
+    cols: list[int] = []  # ... its phase's column
+    durations: list[int] = []
+    readings: list[tuple[Any, Any]] = []
     for i, rows in enumerate(window):
-        acc = [nan] * N_COLS
         arrival = -1
-        parsed: dict[int, tuple[Any, Any]] = {}
         for e in rows:
             if type(e) is tuple:
                 j = code.get(e[2])
                 if j is None:
                     continue
-                acc[0] = e[0]
-                base = 1 + 3 * j
-                d = e[5] - e[4]
-                acc[base] = d if acc[base] != acc[base] else acc[base] + d
-                if len(e) > 11 and e[10] is not None and e[11] is not None:
-                    c0, r0 = _reading(e[10], parsed)
-                    c1, r1 = _reading(e[11], parsed)
-                    for k, a, b in ((1, c0, c1), (2, r0, r1)):
-                        if a is not None and b is not None and b >= a:
-                            v = acc[base + k]
-                            acc[base + k] = b - a if v != v else v + b - a
+                steps.append(i)
+                cols.append(1 + 3 * j)
+                durations.append(e[5] - e[4])
+                readings.append((e[10], e[11]) if len(e) > 11 else _UNREAD)
+                out[i, 0] = e[0]
             elif isinstance(e, Allreduces):
                 for t, _key, _h in e.enqueued:
                     if type(t) is int and t > arrival:
                         arrival = t
         if arrival >= 0:
-            acc[_ARRIVAL] = arrival - offset_ns
-        out[i] = acc
+            out[i, _ARRIVAL] = arrival - offset_ns
+    if steps:
+        at, col = np.asarray(steps), np.asarray(cols)
+        cpu, runq, cpu_ok, runq_ok = deltas_columns(readings)
+        _add(out, at, col, np.asarray(durations, np.float64), None)
+        _add(out, at, col + 1, cpu, cpu_ok)
+        _add(out, at, col + 2, runq, runq_ok)
     return out
 
 
-def _reading(r: Any, parsed: dict[int, tuple[Any, Any]]) -> tuple[Any, Any]:
-    """``(cpu_ns, runq_ns)`` of one counter reading (see :mod:`hvtrace.record.cpustat`)."""
-    got = parsed.get(id(r))
-    if got is None:
-        got = (r[0], runq_ns(r[1])) if type(r) is tuple else (r, None)
-        parsed[id(r)] = got
-    return got
+#: The readings of a row that has none.
+_UNREAD = (None, None)
+
+
+def _add(out: np.ndarray, rows: np.ndarray, cols: np.ndarray, values: Any, ok: Any) -> None:
+    """Sum ``values`` (where ``ok``; None: all) into ``out``'s cells ``(rows, cols)``, which are
+    NaN until a value reaches them."""
+    if ok is not None:
+        rows, cols, values = rows[ok], cols[ok], values[ok]
+    if len(rows):
+        out[rows, cols] = 0.0
+        np.add.at(out, (rows, cols), values)
 
 
 def step_frame(gathered: np.ndarray, size: int) -> Any:

@@ -201,7 +201,8 @@ def test_by_parts_adds_the_training_threads_and_hvtraces_threads_cost_per_rank()
     whole = {"large": {"threads": {"hvtrace": {"writer": 0.06}}}}
     parts = mod.by_parts(summary, whole, [ab], 2)["large"]
     assert parts["hooks_ms"] == pytest.approx(0.1, abs=0.04)
-    assert parts["outside_waits_ms"] == pytest.approx(0.1, abs=0.04)
+    assert parts["main_ms"] == pytest.approx(0.1, abs=0.04)
+    assert parts["hooks_measured"] == "outside Horovod's waits"
     assert parts["threads_ms"] == pytest.approx(0.03)
     assert parts["threads_from"] == "whole-process runs"
     assert parts["pct"] == pytest.approx(100 * (parts["hooks_ms"] + 0.03) / 10.0)
@@ -209,4 +210,5 @@ def test_by_parts_adds_the_training_threads_and_hvtraces_threads_cost_per_rank()
     assert lo < 1.3 < hi
     without = mod.by_parts(summary, {}, [ab], 2)["large"]  # no whole-process runs: A/B's writer
     assert without["threads_ms"] == pytest.approx(ab["writer_cpu_ms_per_step"] / 2)
+    assert without["threads_from"] == "in-run A/B, writer only"
     assert mod.by_parts({}, whole, [ab], 2) == {}  # no untraced runs: nothing to compare with
