@@ -566,11 +566,11 @@ def run_once(
     res.marks, res.modules = procs[0]["marks"], procs[0]["modules"]
     res.arrow_pool = procs[0]["arrow_pool"]
     res.loop_thread_cpu_s = loop_thread_cpu([p["marks"] for p in procs])
-    for key, attr in (("step_cpu_s", "step_cpu_s"), ("step_wait_s", "step_wait_s")):
+    for key in ("step_cpu_s", "step_wait_s"):
         per_step = [p.get(key, []) for p in procs]
         if all(len(c) == len(steps) - 1 > 0 for c in per_step):
             cpu = [statistics.fmean(x) for x in zip(*per_step)]
-            setattr(res, attr, [cpu[0], *cpu])
+            setattr(res, key, [cpu[0], *cpu])
     wcpu = [pr.get("writer_cpu_s") for pr in per_rank]
     if all(w is not None for w in wcpu):
         res.writer_cpu_s_per_step = sum(wcpu) / args.steps
