@@ -38,7 +38,7 @@ from typing import Any, Final
 import numpy as np
 
 from hvtrace.record.cpustat import deltas_columns
-from hvtrace.record.rows import Allreduces
+from hvtrace.record.rows import CPU_END, CPU_START, UNREAD, Allreduces
 from hvtrace.schema import KIND_CODE, STEP_PHASE_KINDS
 
 log = logging.getLogger("hvtrace")
@@ -93,7 +93,7 @@ def step_matrix(window: list[list], offset_ns: int) -> np.ndarray:
                 steps.append(i)
                 cols.append(1 + 3 * j)
                 durations.append(e[5] - e[4])
-                readings.append((e[10], e[11]) if len(e) > 11 else _UNREAD)
+                readings.append((e[CPU_START], e[CPU_END]) if len(e) > CPU_START else UNREAD)
                 out[i, 0] = e[0]
             elif isinstance(e, Allreduces):
                 for t, _key, _h in e.enqueued:
@@ -108,10 +108,6 @@ def step_matrix(window: list[list], offset_ns: int) -> np.ndarray:
         _add(out, at, col + 1, cpu, cpu_ok)
         _add(out, at, col + 2, runq, runq_ok)
     return out
-
-
-#: The readings of a row that has none.
-_UNREAD = (None, None)
 
 
 def _add(out: np.ndarray, rows: np.ndarray, cols: np.ndarray, values: Any, ok: Any) -> None:

@@ -15,6 +15,7 @@ The buffer (a deque) holds two kinds of entries:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from hvtrace.schema import KIND_CODE
@@ -23,6 +24,8 @@ from hvtrace.schema import KIND_CODE
 STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS, CPU_START, CPU_END = range(12)
 #: Length of a row without counter readings.
 BASE_LEN = 10
+#: The counter readings ``(start, end)`` of a row that has none.
+UNREAD = (None, None)
 
 _K_ALLREDUCE = KIND_CODE["allreduce"]
 _NAN = math.nan
@@ -59,6 +62,16 @@ def handle_of(handle_ctx: Any) -> Any:
     return handle_ctx[0] if type(handle_ctx) is tuple else handle_ctx
 
 
+def call_ends(e: Allreduces) -> Iterator[Any]:
+    """The end token of each of ``e``'s enqueued calls, in order: its handle's first observed
+    completion, else ``e.end`` (``synchronize()``'s exit)."""
+    ends: dict[Any, Any] = {}
+    for handle, tok in e.done:
+        ends.setdefault(handle, tok)
+    get, end = ends.get, e.end
+    return (get(h[0] if type(h) is tuple else h, end) for _, _, h in e.enqueued)
+
+
 def expand(entries: list, out: list[tuple]) -> list[tuple]:
     """Append the rows of buffer ``entries`` to ``out`` (rows as they are, :class:`Allreduces`
     one row per tensor); return ``out``."""
@@ -67,12 +80,8 @@ def expand(entries: list, out: list[tuple]) -> list[tuple]:
         if type(e) is tuple:
             append(e)
             continue
-        ends: dict[Any, Any] = {}
-        for handle, tok in e.done:
-            ends.setdefault(handle, tok)
-        step, micro, flags, end, meta = e.step, e.micro, e.flags, e.end, e.meta
-        for start, key, h in e.enqueued:
-            stop = ends.get(h[0] if type(h) is tuple else h, end)
+        step, micro, flags, meta = e.step, e.micro, e.flags, e.meta
+        for (start, key, _), stop in zip(e.enqueued, call_ends(e)):
             names, nbytes, dtypes = meta[key]
             for name, nb, dt in zip(names, nbytes, dtypes):
                 append((step, micro, _K_ALLREDUCE, name, start, stop, nb, dt, _NAN, flags))

@@ -59,7 +59,7 @@ log = logging.getLogger("hvtrace")
 # Row layout in the buffer (positions in the tuple): see hvtrace.record.rows.
 STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS = range(10)
 CPU_START, CPU_END, BASE_LEN = rows_mod.CPU_START, rows_mod.CPU_END, rows_mod.BASE_LEN
-_K_ALLREDUCE = rows_mod._K_ALLREDUCE
+_K_ALLREDUCE, UNREAD = rows_mod._K_ALLREDUCE, rows_mod.UNREAD
 
 
 def _fixed(values: Any, np_dtype: Any, pa_type: pa.DataType) -> pa.Array:
@@ -187,7 +187,7 @@ class BatchEncoder:
         name_id = self._name_id
         names = np.fromiter((name_id(r[NAME]) for r in rows), np.int32, len(rows))
         cols = list(zip(*(r[:BASE_LEN] for r in rows))) if rows else [()] * BASE_LEN
-        readings = [(r[CPU_START], r[CPU_END]) if len(r) > CPU_START else _UNREAD for r in rows]
+        readings = [(r[CPU_START], r[CPU_END]) if len(r) > CPU_START else UNREAD for r in rows]
         return [
             np.asarray(cols[STEP], np.int32),
             np.asarray(cols[MICRO], np.int16),
@@ -233,18 +233,10 @@ class BatchEncoder:
         synchronize's end (as :func:`~hvtrace.record.rows.expand`); no counters."""
         total = int(sizes.sum())
 
-        def stops() -> Any:
-            for e in syncs:
-                ends: dict[Any, Any] = {}
-                for handle, tok in e.done:
-                    ends.setdefault(handle, tok)
-                end, get = e.end, ends.get
-                for _, _, h in e.enqueued:
-                    yield get(h[0] if type(h) is tuple else h, end)
-
         n_calls = sum(len(e.enqueued) for e in syncs)
+        call_ends = rows_mod.call_ends
         start = np.fromiter((s for e in syncs for s, _, _ in e.enqueued), np.int64, n_calls)
-        stop = np.fromiter(stops(), np.int64, n_calls)
+        stop = np.fromiter((t for e in syncs for t in call_ends(e)), np.int64, n_calls)
         if n_calls != total:  # grouped allreduces: several tensors per call
             counts = np.concatenate([t[0] for t in tensors])
             start, stop = np.repeat(start, counts), np.repeat(stop, counts)
@@ -270,10 +262,6 @@ class BatchEncoder:
             unmeasured,
             unmeasured,
         ]
-
-
-#: The readings of a row that has none.
-_UNREAD = (None, None)
 
 
 def _interleave(
