@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,8 @@ SPEC = json.loads(sys.argv[1])
 MARKS = []
 if SPEC.get("pin"):  # each rank (every thread it starts from here on) on one CPU of its own
     _cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {_cpus[int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) % len(_cpus)]})
+    _local = int(os.environ.get("HOROVOD_LOCAL_RANK", "0")) + SPEC.get("cpu_offset", 0)
+    os.sched_setaffinity(0, {_cpus[_local % len(_cpus)]})
 
 
 def _status_mb(key):
@@ -196,6 +198,7 @@ def mark(tag):
             "at": tag,
             "maxrss_mb": ru.ru_maxrss / 1024.0,
             "rss_mb": _status_mb("VmRSS"),
+            "rss_file_mb": _status_mb("RssFile"),
             "cpu_s": ru.ru_utime + ru.ru_stime,
             "wall_s": time.perf_counter() - T0,
             "threads": threading.active_count(),
@@ -452,13 +455,16 @@ def run_once(
     work: Path,
     ab_every: int = 0,
     ab_toggle: str = "hvtrace",
+    cpu_offset: int = 0,
 ) -> RunResult:
     """Run the demo training once in ``mode``; return its step times and bytes written.
 
     ``ab_every`` > 0 (mode hvtrace only): recording is switched off and on every that many steps
     inside the run (``--ab-every`` of the demo), for the in-run A/B comparison; with
     ``ab_toggle="horovod-timeline"`` it is Horovod's own timeline that is switched (started by
-    hvtrace, ``HVTRACE_HOROVOD_TIMELINE=1``), while hvtrace records throughout.
+    hvtrace, ``HVTRACE_HOROVOD_TIMELINE=1``), while hvtrace records throughout. With ``--pin``,
+    local rank r runs on the ``(r + cpu_offset)``-th CPU (``--concurrent`` runs two jobs at once,
+    one on each CPU).
     """
     d = work / f"{model}-{mode}{'-ab-' + ab_toggle if ab_every else ''}-r{rnd}"
     shutil.rmtree(d, ignore_errors=True)
@@ -509,6 +515,7 @@ def run_once(
         "out": str(d / "rank-{rank}.json"),
         "recording_off": mode == "installed",
         "pin": args.pin,
+        "cpu_offset": cpu_offset,
     }
     child = work / "rank_child.py"
     if not child.exists():
@@ -777,13 +784,13 @@ def stage_increments(marks_per_run: list[list[dict[str, Any]]]) -> dict[str, dic
     for marks in marks_per_run:
         for prev, cur in itertools.pairwise(marks):
             d = incs.setdefault(cur["at"], {k: [] for k in (*_INCREMENTS, "threads")})
-            for key in _INCREMENTS:
-                d[key].append(cur[key] - prev[key])
+            for key in _INCREMENTS:  # (marks written before a key was added lack it)
+                d[key].append(cur.get(key, math.nan) - prev.get(key, math.nan))
             d["threads"].append(cur["threads"])
     return {at: {key: statistics.median(v) for key, v in d.items()} for at, d in incs.items()}
 
 
-_INCREMENTS = ("maxrss_mb", "rss_mb", "cpu_s", "wall_s")
+_INCREMENTS = ("maxrss_mb", "rss_mb", "rss_file_mb", "cpu_s", "wall_s")
 
 
 def ab_blocks(
@@ -1209,7 +1216,8 @@ def print_whole(whole: dict[str, Any], summary: dict[str, Any]) -> None:
             print(f"  {model}: goal: {text:<30} {'ok' if met else 'MISSED':<6}  {why}".rstrip())
     print(
         "\nWhere it goes: rank 0's increments per stage, median over rounds: peak RSS MB / RSS MB "
-        "/ CPU s (threads after)"
+        "(of which file-backed: mapped library pages, shared with the host's other ranks and as "
+        "large as the page cache's folios make them) / CPU s (threads after)"
     )
     for model, w in whole.items():
         modes = list(w["stages"])
@@ -1226,7 +1234,8 @@ def print_whole(whole: dict[str, Any], summary: dict[str, Any]) -> None:
                 row.append(
                     "-"
                     if st is None
-                    else f"{st['maxrss_mb']:+.1f} / {st['rss_mb']:+.1f} / {st['cpu_s']:.3f} "
+                    else f"{st['maxrss_mb']:+.1f} / {st['rss_mb']:+.1f} "
+                    f"({st.get('rss_file_mb', math.nan):+.1f}) / {st['cpu_s']:.3f} "
                     f"({st['threads']:.0f})"
                 )
             rows.append(row)
@@ -1280,6 +1289,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="each rank and all its threads on one CPU (local rank r: the r-th CPU), as the "
         "seeds advise for real jobs; without it ranks float over all CPUs",
     )
+    p.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="with --np 1: each round runs its modes at the same time, each on a CPU of its own "
+        "(implies --pin; the CPUs change hands every round), so that the machine's slow "
+        "episodes, which hit both CPUs alike, hit both modes of a round alike",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     p.add_argument(
         "--no-warmup-run",
@@ -1316,9 +1332,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "untraced" not in args.modes:
         log.info("adding mode 'untraced': the overhead is measured against it")
         args.modes.insert(0, "untraced")
+    if args.concurrent:
+        if args.np != 1 or len(args.modes) > len(os.sched_getaffinity(0)):
+            p.error("--concurrent needs --np 1 and at most one mode per CPU")
+        args.pin = True
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
     return args
+
+
+def _round_runs(
+    model: str, order: list[str], rnd: int, args: argparse.Namespace, work: Path
+) -> list[tuple[str, RunResult | BaseException]]:
+    """Run each mode of ``order`` once for round ``rnd``: one after the other, or, with
+    ``--concurrent``, all at once, mode i on CPU ``(rnd + i) % CPUs`` (so each mode has every
+    CPU in turn). A failed run gives its exception in place of a result."""
+    if not args.concurrent:
+        out: list[tuple[str, RunResult | BaseException]] = []
+        for mode in order:
+            try:
+                out.append((mode, run_once(model, mode, rnd, args, work)))
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                out.append((mode, exc))
+        return out
+    child = work / "rank_child.py"
+    if not child.exists():
+        child.write_text(RANK_CHILD)
+    modes = sorted(order, key=args.modes.index)
+    with ThreadPoolExecutor(len(modes)) as pool:
+        futures = [
+            pool.submit(run_once, model, m, rnd, args, work, cpu_offset=rnd + i)
+            for i, m in enumerate(modes)
+        ]
+    results: list[tuple[str, RunResult | BaseException]] = []
+    for mode, fut in zip(modes, futures):
+        exc = fut.exception()
+        results.append((mode, exc if exc is not None else fut.result()))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1344,13 +1394,12 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for model in models:
                 k = rnd % len(args.modes)
-                for mode in args.modes[k:] + args.modes[:k]:
+                order = args.modes[k:] + args.modes[:k]
+                for mode, res in _round_runs(model, order, rnd, args, work):
                     done += 1
-                    try:
-                        res = run_once(model, mode, rnd, args, work)
-                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                        log.error("run %d/%d failed, left out: %s", done, total, exc)
-                        failed.append(f"{model}/{mode} round {rnd + 1}: {exc}".splitlines()[0])
+                    if isinstance(res, BaseException):
+                        log.error("run %d/%d failed, left out: %s", done, total, res)
+                        failed.append(f"{model}/{mode} round {rnd + 1}: {res}".splitlines()[0])
                         continue
                     runs.append(res)
                     elapsed = time.perf_counter() - t_start

@@ -440,6 +440,8 @@ typedef struct {
     long long review_reads, since_review;
     uint32_t review_lock;
     unsigned long long review_derived;
+    /* Optimizer steps since the last reading (see reader_idle_step). */
+    long long idle_steps;
 } ThreadReader;
 
 static PyTypeObject ThreadReaderType;
@@ -508,6 +510,13 @@ static void reader_close_switch_check(ThreadReader *self) {
     self->perf_fd = -1;
 }
 
+/* The first review comes after review_reads / FIRST_REVIEW_DIV readings (256 of the default 4096:
+ * a few dozen steps), the later ones every review_reads: a thread that pays for the check at every
+ * switch (a pinned rank sharing its CPU with Horovod's spinning threads: 25-30 switches a step)
+ * stops paying within seconds of the start, not after the first 4096 readings (about 600 steps,
+ * most of a short job or of a benchmark's run). */
+#define FIRST_REVIEW_DIV 16
+
 /* Every review_reads readings: keep the switch check only while what it saved since the last
  * review (a clock read per derived reading, about 0.7 µs on the development VM) outweighs what it
  * cost (the kernel updates the page at each context switch of the thread, the lock going up by
@@ -525,6 +534,22 @@ static void reader_review(ThreadReader *self) {
     }
     self->review_lock = lock;
     self->review_derived = self->n_derived;
+}
+
+/* Steps without a reading after which the switch check is closed (reader_idle_step). */
+#define IDLE_CLOSE_STEPS 64
+
+/* One optimizer step passed on the counted thread without a reading: recording is off (a failure
+ * disabled it, or the job switched it off). Nothing is derived then, so the perf event only makes
+ * each context switch dearer (in a wait that spins on sched_yield, hundreds a step on a model of
+ * 150 tensors, about 0.7 ms a step measured by bench/overhead.py's mode "installed"), and no
+ * review comes, for reviews count readings: after IDLE_CLOSE_STEPS such steps in a row it is
+ * closed for good. Only the counted thread closes it: another may not unmap the page under a
+ * reading in progress. */
+static void reader_idle_step(ThreadReader *self) {
+    if (self->page != NULL && pthread_equal(pthread_self(), self->owner) &&
+        ++self->idle_steps >= IDLE_CLOSE_STEPS)
+        reader_close_switch_check(self);
 }
 
 static PyObject *ThreadReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -551,6 +576,10 @@ static PyObject *ThreadReader_new(PyTypeObject *type, PyObject *args, PyObject *
     self->owner = (pthread_t)ident;
     self->max_derived_ns = max_derived_ns;
     self->review_reads = review_reads;
+    /* the first review early (see FIRST_REVIEW_DIV) */
+    self->since_review = review_reads - (review_reads / FIRST_REVIEW_DIV > 0
+                                             ? review_reads / FIRST_REVIEW_DIV
+                                             : 1);
     if (tid > 0 && ident != 0 && max_derived_ns > 0) reader_open_switch_check(self, tid);
     long long c;
     if (self->page != NULL) self->lock = self->review_lock = page_lock(self);
@@ -577,6 +606,7 @@ static inline int derive_ok(ThreadReader *self, long long t) {
 /* One reading: (cpu_ns, schedstat line), a new tuple. */
 static PyObject *reader_read(ThreadReader *self) {
     long long t = mono_ns(), c;
+    self->idle_steps = 0;
     if (derive_ok(self, t)) {
         c = self->base_cpu + (t - self->base_t);
         self->n_derived++;
@@ -622,7 +652,15 @@ static PyObject *ThreadReader_close_switch_check(ThreadReader *self, PyObject *u
     Py_RETURN_NONE;
 }
 
+static PyObject *ThreadReader_idle_step(ThreadReader *self, PyObject *unused) {
+    reader_idle_step(self);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef ThreadReader_methods[] = {
+    {"idle_step", (PyCFunction)ThreadReader_idle_step, METH_NOARGS,
+     "An optimizer step passed without a reading (recording off): after 64 in a row on the "
+     "counted thread, the switch check is closed (it would only make switches dearer)."},
     {"close_switch_check", (PyCFunction)ThreadReader_close_switch_check, METH_NOARGS,
      "Close the perf event (the counters' close: a finished or forked-off reader keeps no event "
      "on the thread); readings read the clock from then on."},
@@ -1130,6 +1168,8 @@ static PyObject *Phases_step(Phases *s, PyObject *args, PyObject *kwds) {
     int en = rec_enabled(s);
     if (en < 0) return NULL;
     if (!en) {
+        if (s->read != NULL && Py_IS_TYPE(s->read, &ThreadReaderType))
+            reader_idle_step((ThreadReader *)s->read); /* no readings: the event only costs */
         if ((out = PyObject_CallOneArg(OR_NONE(s->orig_step), closure)) == NULL) return NULL;
         if (ph_count_step(s) < 0) Py_CLEAR(out);
         return out;

@@ -47,10 +47,13 @@ A *reading* is taken at each phase boundary on the hot path and is one of:
   another thread, after a switch, or when the last clock read is older always reads the clock.
   The perf event counts nothing (``PERF_COUNT_SW_DUMMY``), but the kernel's work on it makes each
   context switch of the training thread dearer (about 1.3 µs on the development VM, against
-  about 0.7 µs saved per derived reading; ``bench/switch_cost.py``): every 4096 readings the
-  reader compares the two since the last look (the page's counter tells the switches) and closes
-  the event for good where the switches cost more, as on oversubscribed CPUs or in waits that
-  spin on ``sched_yield``; every reading reads the clock from then on. The compiled reader's
+  about 0.7 µs saved per derived reading; ``bench/switch_cost.py``): after the first 256
+  readings, then every 4096, the reader compares the two since the last look (the page's counter
+  tells the switches) and closes the event for good where the switches cost more, as on
+  oversubscribed CPUs or in waits that spin on ``sched_yield``; every reading reads the clock
+  from then on. While recording is off (a failure disabled it, or the job switched it off)
+  nothing is derived and no review comes: after 64 optimizer steps without a reading the
+  compiled ``step()`` closes the event too. The compiled reader's
   ``exact_reads``, ``derived_reads`` and ``switch_check`` say how it went; closing the counters
   (the recorder's close, a forked child) closes the event.
 - ``cpu_ns`` (an int) where schedstat is missing (no ``CONFIG_SCHEDSTATS``, not Linux): CPU time

@@ -212,3 +212,33 @@ def test_by_parts_adds_the_training_threads_and_hvtraces_threads_cost_per_rank()
     assert without["threads_ms"] == pytest.approx(ab["writer_cpu_ms_per_step"] / 2)
     assert without["threads_from"] == "in-run A/B, writer only"
     assert mod.by_parts({}, whole, [ab], 2) == {}  # no untraced runs: nothing to compare with
+
+
+def test_concurrent_rounds_run_their_modes_at_once_on_cpus_that_change_hands(tmp_path):
+    mod = _overhead_module()
+    args = mod.parse_args(["--np", "1", "--concurrent", "--modes", "untraced,hvtrace"])
+    assert args.pin  # --concurrent pins each job to its CPU
+    import threading
+
+    both_started = threading.Barrier(2, timeout=10)
+    calls = []
+
+    def fake_run_once(model, mode, rnd, a, work, cpu_offset=0):
+        both_started.wait()  # raises BrokenBarrierError unless the other mode runs meanwhile
+        calls.append((rnd, mode, cpu_offset))
+        if mode == "hvtrace" and rnd == 1:
+            raise RuntimeError("rank 0 wrote no steps-0.json")
+        return f"{mode}@{cpu_offset}"
+
+    mod.run_once = fake_run_once
+    got = [mod._round_runs("small", ["hvtrace", "untraced"], rnd, args, tmp_path) for rnd in (0, 1)]
+    assert got[0] == [("untraced", "untraced@0"), ("hvtrace", "hvtrace@1")]
+    assert got[1][0] == ("untraced", "untraced@1")  # the CPUs change hands each round
+    assert got[1][1][0] == "hvtrace" and isinstance(got[1][1][1], RuntimeError)
+    assert (tmp_path / "rank_child.py").read_text() == mod.RANK_CHILD
+
+
+def test_concurrent_needs_one_rank():
+    mod = _overhead_module()
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--np", "2", "--concurrent"])

@@ -513,3 +513,42 @@ def test_the_switch_check_closes_itself_where_switches_outnumber_derived_reading
             _busy(5_000)
         time.sleep(0.0002)  # one switch per 64 readings
     assert busy.switch_check and busy.derived_reads > 200
+
+
+def test_the_first_review_comes_within_a_few_dozen_steps(switch_checked: ThreadCounters) -> None:
+    """The default reader reviews after its first 256 readings (then every 4096): a thread read
+    once per context switch has the event closed by then, not after 4096 readings (about 600
+    steps of a job that reads 7 times a step)."""
+    c, hot = switch_checked, hot_module()
+    clock = time.pthread_getcpuclockid(c.ident)
+    read = hot.ThreadReader(clock, c._fd, cpustat.RUNQ_SLACK_NS, c.native_id, c.ident, 10**9)
+    assert read.review_reads == 4096
+    for _ in range(255):
+        read()
+        time.sleep(0.0001)
+    assert read.switch_check  # not reviewed yet
+    read()
+    assert not read.switch_check and read.exact_reads + read.derived_reads == 256
+
+
+def test_steps_without_readings_close_the_switch_check(switch_checked: ThreadCounters) -> None:
+    """Recording off (a failure, or switched off): the optimizer's steps tell the reader that no
+    reading came; after 64 in a row it closes the event, which would only make every context
+    switch dearer. A reading resets the count, and another thread's step closes nothing."""
+    c, hot = switch_checked, hot_module()
+    clock = time.pthread_getcpuclockid(c.ident)
+    read = hot.ThreadReader(clock, c._fd, cpustat.RUNQ_SLACK_NS, c.native_id, c.ident, 10**9)
+    for _ in range(63):
+        read.idle_step()
+    read()  # a reading: recording is on again
+    for _ in range(63):
+        read.idle_step()
+    assert read.switch_check
+    other = threading.Thread(target=read.idle_step)
+    other.start()
+    other.join()
+    assert read.switch_check  # not the counted thread
+    read.idle_step()
+    assert not read.switch_check
+    cpu, _ = deltas(read(), read())
+    assert cpu is not None and cpu >= 0  # still measuring, by the clock

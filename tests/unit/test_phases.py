@@ -459,3 +459,30 @@ def test_the_handle_wait_wrapper_notes_each_wait_in_both_forms(monkeypatch) -> N
     assert compiled["after_failure"] == "result 4"
     assert [len(f) for f in failures] == [1, 1]
     assert "tracer.done is not a list" in failures[0][0] and "append" in failures[1][0]
+
+
+def test_the_compiled_step_closes_the_switch_check_while_recording_is_off(monkeypatch) -> None:
+    """With recording off no reading comes, so the reader's own reviews never run: the compiled
+    step() tells it each step, and after 64 the training thread's perf event is gone."""
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    from hvtrace.record.cpustat import ThreadCounters
+
+    counters = ThreadCounters()
+    if not getattr(counters.read, "switch_check", False):
+        counters.close()
+        pytest.skip("no perf event on this thread here")
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    job = Job(model=False)
+    job.tr.read = reader = counters.read
+    job.tr.rec.enabled = False
+    try:
+        for _ in range(63):
+            job.forward_backward()
+            job.step()
+        assert reader.switch_check
+        job.forward_backward()
+        assert job.step() == "stepped False"
+        assert not reader.switch_check and job.tr.steps_done == 64
+    finally:
+        counters.close()
