@@ -6,7 +6,8 @@ training thread's CPU time and run-queue wait in them, and its arrival on rank 0
 steps at a time as they came, on a background thread ("hvtrace-live"), never the training
 thread; the ranks exchange their matrices with one Horovod allgather issued from that thread
 (the training loop never waits on it). Rank 0 then runs the offline analysis's own straggler
-decision on that window, in a child process
+decision on that window, from a thread of its own ("hvtrace-judge", so that the live thread goes
+on reducing while it waits) in a child process
 (:mod:`hvtrace.record.live_judge`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
@@ -18,9 +19,9 @@ On rank 0, a rank named in :data:`PERSIST_WINDOWS` windows in a row logs one lin
     hvtrace: rank 1 (host b) late 38.2 ms/step over steps 80-99: input, blocked; ~27% of step time
 
 and a logged rank that is then not named in as many windows in a row logs that it recovered.
-Each verdict is also passed to the callbacks registered with :func:`on_straggler` (on the live
-thread; an exception in one is logged, never raised), and written into rank 0's trace file
-(batch status key ``live``), so the analysis shows when each was first seen.
+Each verdict is also passed to the callbacks registered with :func:`on_straggler` (on rank 0's
+judge thread, "hvtrace-judge"; an exception in one is logged, never raised), and written into
+rank 0's trace file (batch status key ``live``), so the analysis shows when each was first seen.
 
 Only host-timed runs (CPU): with CUDA timers the durations are device events that cannot be
 read without synchronizing, and live detection is off (documented, not run on a GPU).
@@ -32,6 +33,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -193,6 +195,9 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
 CHUNK_STEPS: Final = 10
 
 
+#: What the live thread's queue gives when nothing new is there (a window is waiting).
+_NOTHING_NEW: Final = object()
+
 #: The live thread's waits for its allgather: sleeps between looks, from the first to the last.
 WAIT_FIRST_S: Final = 0.0005
 WAIT_MAX_S: Final = 0.01
@@ -243,6 +248,8 @@ class LiveMonitor:
         #: Rank 0 judges in a child process (False: in this one; tests).
         self.use_process = True
         self._judge_proc: Any = None
+        #: Rank 0: the windows waiting for the judge thread (None: not started).
+        self._judge_q: queue.SimpleQueue | None = None
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="hvtrace-live", daemon=True)
@@ -267,26 +274,48 @@ class LiveMonitor:
             self.windows_sent += 1
 
     def close(self) -> None:
-        """Stop after the windows already handed over (their exchange completes on every rank,
-        which all hand over the same windows)."""
+        """Stop: the live thread starts no exchange after this and ends (an exchange already in
+        progress completes on every rank, which all hand over the same windows)."""
         self._stopped = True
         self._q.put(None)
 
     # -- the live thread ----------------------------------------------------------------------
     def _run(self) -> None:
+        """Reduce every chunk as soon as it is handed over; exchange the reduced windows, in
+        order, only while nothing new waits in the queue.
+
+        An exchange waits for the slowest rank's window and, on rank 0, for the judge (a child
+        process, which on a busy CPU can take longer than a window); the chunks handed over
+        meanwhile hold the steps' entries (about 70 kB a step on a model of 152 tensors). So
+        they are reduced first, and only their matrix rows (184 bytes a step) wait for
+        the exchange: a rank pinned to one CPU with a 152-tensor model had 150 chunks queued
+        (+85 MB) after 4000 steps when each window waited for its exchange in turn."""
         reduced: list[np.ndarray] = []  # the current window's rows so far
+        ready: deque[tuple[int, np.ndarray]] = deque()  # windows reduced, not yet exchanged
         while True:
-            item = self._q.get()
-            if item is None or self._stopped:  # closed: no exchange after a reset either
+            if ready:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    item = _NOTHING_NEW
+            else:
+                item = self._q.get()
+            if self._stopped:  # closed (or failed): no exchange after a reset either
                 self._stop_judge()
                 return
             try:
                 if type(item) is list:  # some steps' entries
                     reduced.append(step_matrix(item, self.offset_ns))
-                    continue
-                matrix = np.concatenate(reduced) if reduced else np.empty((0, N_COLS))
-                reduced = []
-                self._exchange(item, matrix)  # the window's number
+                elif type(item) is int:  # the window's end: its number
+                    matrix = np.concatenate(reduced) if reduced else np.empty((0, N_COLS))
+                    ready.append((item, matrix))
+                    reduced = []
+                else:  # nothing new: the oldest window's exchange; the end (None): every one
+                    for _ in range(len(ready) if item is None else 1):
+                        self._exchange(*ready.popleft())
+                    if item is None:
+                        self._stop_judge()
+                        return
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
                 self._stopped = True  # on_step hands nothing more over
@@ -294,6 +323,15 @@ class LiveMonitor:
                 return
 
     def _stop_judge(self) -> None:
+        """End the judge thread after the windows handed to it (it then closes the judge
+        process); without one, close the judge process."""
+        q, self._judge_q = self._judge_q, None
+        if q is not None:
+            q.put(None)
+        else:
+            self._close_judge_proc()
+
+    def _close_judge_proc(self) -> None:
         p, self._judge_proc = self._judge_proc, None
         if p is not None:
             try:
@@ -314,7 +352,36 @@ class LiveMonitor:
         gathered = mpi_ops.synchronize(handle).numpy()
         if mpi_ops.rank() != 0:
             return
-        self._judge(gathered, mpi_ops.size())
+        self._hand_to_judge(gathered, mpi_ops.size())
+
+    def _hand_to_judge(self, gathered: np.ndarray, size: int) -> None:
+        """Rank 0: hand the gathered window to the judge thread ("hvtrace-judge", started with
+        the first window), which decides the windows' verdicts in order. The judge process's
+        answer is waited for there, not on the live thread, which meanwhile reduces what the
+        training thread hands over: the first answer takes the judge process's start (pandas'
+        import: seconds on a CPU the rank's training shares)."""
+        if self._judge_q is None:
+            self._judge_q = queue.SimpleQueue()
+            threading.Thread(
+                target=self._judge_loop, args=(self._judge_q,), name="hvtrace-judge", daemon=True
+            ).start()
+        self._judge_q.put((gathered, size))
+
+    def _judge_loop(self, q: queue.SimpleQueue) -> None:
+        """The judge thread: each window's verdicts, in order, until told to stop (None); then
+        the judge process is closed. An error stops live detection, as on the live thread."""
+        while True:
+            item = q.get()
+            if item is None:
+                self._close_judge_proc()
+                return
+            try:
+                self._judge(*item)
+            except Exception as exc:  # noqa: BLE001 - never into training
+                log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+                self._stopped = True  # on_step hands nothing more over
+                self._close_judge_proc()
+                return
 
     def _ask_judge(self, gathered: np.ndarray, size: int) -> list[dict[str, Any]]:
         """The window's verdicts from the judge process (started on first use; see

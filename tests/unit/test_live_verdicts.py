@@ -130,7 +130,7 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
     rec = SimpleNamespace(enabled=True, live_events=[])
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.tracer, mon.hosts, mon.named = SimpleNamespace(rec=rec), {0: "a", 1: "b"}, {}
-    mon.use_process, mon._judge_proc = use_process, None
+    mon.use_process, mon._judge_proc, mon._judge_q = use_process, None, None
     mon.streak, mon.clear = {}, {}
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
         for first, slow in ((20, 20.0), (40, 0.0), (60, 20.0), (80, 20.0), (100, 20.0)):
@@ -164,7 +164,7 @@ def test_windows_where_no_rank_recorded_a_step_are_judged_without_error(monkeypa
     rec = SimpleNamespace(enabled=True, live_events=[])
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.tracer, mon.hosts, mon.named = SimpleNamespace(rec=rec), {0: "a", 1: "b"}, {}
-    mon.use_process, mon._judge_proc = False, None
+    mon.use_process, mon._judge_proc, mon._judge_q = False, None, None
     mon.streak, mon.clear = {}, {}
     for first in (20, 40):
         mon._judge(np.vstack([_window(0.0, first), _window(20.0, first)]), 2)
@@ -219,3 +219,56 @@ def test_wait_done_returns_at_once_when_done(monkeypatch):
     monkeypatch.setattr(live.time, "sleep", slept.append)
     assert live.wait_done(lambda h: True, 1) == 1
     assert slept == []
+
+
+def test_chunks_are_reduced_before_any_window_waits_for_its_exchange(monkeypatch) -> None:
+    """An exchange waits for the slowest rank and rank 0's judge; whatever was handed over
+    before it starts is reduced first, so that only matrix rows wait, not the steps' entries
+    (on a busy CPU the entries of 1500 steps of a 152-tensor model piled up behind the
+    exchanges). Windows are still exchanged in order, each with its own steps."""
+    every = 20
+    mon = _monitor(monkeypatch, every, 0)
+    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 5) for s in range(3 * every)]
+    for rows in steps:
+        mon.on_step(rows)
+    exchanged, queued_at_exchange = [], []
+
+    def exchange(k, m):
+        queued_at_exchange.append(mon._q.qsize())
+        exchanged.append((k, m))
+
+    monkeypatch.setattr(mon, "_exchange", exchange)
+    mon._q.put(None)
+    mon._run()
+    # every chunk, of all three windows, was reduced before the first exchange started
+    assert queued_at_exchange == [0, 0, 0]
+    assert [k for k, _ in exchanged] == [0, 1, 2]
+    for k, m in exchanged:
+        np.testing.assert_array_equal(m, live.step_matrix(steps[k * every : (k + 1) * every], 0))
+
+
+def test_rank_0_judges_on_a_thread_of_its_own_in_order(monkeypatch) -> None:
+    """The judge's answer (seconds for the judge process to start on a busy CPU) is waited for
+    on the judge thread: handing a window over returns at once, the windows are judged in the
+    order handed over, and stopping ends the thread after them, closing the judge process."""
+    import threading
+
+    mon = _monitor(monkeypatch, 20, 0)
+    mon._judge_q, mon._judge_proc = None, None
+    gate, judged, closed = threading.Event(), [], []
+    live_thread = threading.get_ident()
+
+    def judge(gathered, size):
+        gate.wait(10)
+        judged.append((int(gathered[0, 0]), size, threading.get_ident() != live_thread))
+
+    monkeypatch.setattr(mon, "_judge", judge)
+    monkeypatch.setattr(mon, "_close_judge_proc", lambda: closed.append(True))
+    for first in (20, 40, 60):
+        mon._hand_to_judge(_window(0.0, first), 2)  # returns while the judge is held
+    assert judged == []
+    thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
+    live.LiveMonitor._stop_judge(mon)  # (the fixture stubs the instance's)
+    gate.set()
+    thread.join(10)
+    assert judged == [(20, 2, True), (40, 2, True), (60, 2, True)] and closed == [True]
