@@ -512,9 +512,9 @@ static void reader_close_switch_check(ThreadReader *self) {
 
 /* The first review comes after review_reads / FIRST_REVIEW_DIV readings (256 of the default 4096:
  * a few dozen steps), the later ones every review_reads: a thread that pays for the check at every
- * switch (a pinned rank sharing its CPU with Horovod's spinning threads: 25-30 switches a step)
- * stops paying within seconds of the start, not after the first 4096 readings (about 600 steps,
- * most of a short job or of a benchmark's run). */
+ * switch (a pinned rank sharing its CPU with Horovod's threads: 25-30 switches a step on the
+ * demo's model) stops paying within seconds of the start, not after the first 4096 readings
+ * (about 600 steps, most of a short job or of a benchmark's run). */
 #define FIRST_REVIEW_DIV 16
 
 /* Every review_reads readings: keep the switch check only while what it saved since the last
@@ -541,8 +541,7 @@ static void reader_review(ThreadReader *self) {
 
 /* One optimizer step passed on the counted thread without a reading: recording is off (a failure
  * disabled it, or the job switched it off). Nothing is derived then, so the perf event only makes
- * each context switch dearer (in a wait that spins on sched_yield, hundreds a step on a model of
- * 150 tensors, about 0.7 ms a step measured by bench/overhead.py's mode "installed"), and no
+ * each context switch dearer (about 1.3 µs on the development VM, bench/switch_cost.py), and no
  * review comes, for reviews count readings: after IDLE_CLOSE_STEPS such steps in a row it is
  * closed for good. Only the counted thread closes it: another may not unmap the page under a
  * reading in progress. */
