@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         gathered = np.vstack([m] * size)
         gathered[n : 2 * n, 1 + 3 * live.PHASES.index("forward")] += 20 * MS  # rank 1 slow
         mon2 = live.LiveMonitor.__new__(live.LiveMonitor)
-        mon2.hosts, mon2._judge_proc = {i: "h" for i in range(size)}, None
+        mon2.hosts, mon2._judge_proc, mon2._judge_q = {i: "h" for i in range(size)}, None, None
         mon2._ask_judge(gathered, size)  # start the process, import pandas
         times = []
         for _ in range(3):
