@@ -7,7 +7,8 @@ steps at a time as they came, on a background thread ("hvtrace-live"), never the
 thread; the ranks exchange their matrices with one Horovod allgather issued from that thread
 (the training loop never waits on it). Rank 0 then runs the offline analysis's own straggler
 decision on that window, from a thread of its own ("hvtrace-judge", so that the live thread goes
-on reducing while it waits) in a child process
+on reducing while it waits; a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the
+newest) in a child process
 (:mod:`hvtrace.record.live_judge`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
@@ -195,6 +196,9 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
 CHUNK_STEPS: Final = 10
 
 
+#: Rank 0: gathered windows that may wait for the judge thread; a newer one pushes the oldest out.
+JUDGE_BACKLOG: Final = 4
+
 #: What the live thread's queue gives when nothing new is there (a window is waiting).
 _NOTHING_NEW: Final = object()
 
@@ -248,8 +252,10 @@ class LiveMonitor:
         #: Rank 0 judges in a child process (False: in this one; tests).
         self.use_process = True
         self._judge_proc: Any = None
-        #: Rank 0: the windows waiting for the judge thread (None: not started).
-        self._judge_q: queue.SimpleQueue | None = None
+        #: Rank 0: the windows waiting for the judge thread (None: not started), and how many
+        #: it skipped, falling behind (see :data:`JUDGE_BACKLOG`).
+        self._judge_q: queue.Queue | None = None
+        self.judge_skipped = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="hvtrace-live", daemon=True)
@@ -327,7 +333,7 @@ class LiveMonitor:
         process); without one, close the judge process."""
         q, self._judge_q = self._judge_q, None
         if q is not None:
-            q.put(None)
+            self._skipped_put(q, None)
         else:
             self._close_judge_proc()
 
@@ -361,13 +367,28 @@ class LiveMonitor:
         training thread hands over: the first answer takes the judge process's start (pandas'
         import: seconds on a CPU the rank's training shares)."""
         if self._judge_q is None:
-            self._judge_q = queue.SimpleQueue()
+            self._judge_q = queue.Queue(JUDGE_BACKLOG)
             threading.Thread(
                 target=self._judge_loop, args=(self._judge_q,), name="hvtrace-judge", daemon=True
             ).start()
-        self._judge_q.put((gathered, size))
+        self._skipped_put(self._judge_q, (gathered, size))
 
-    def _judge_loop(self, q: queue.SimpleQueue) -> None:
+    def _skipped_put(self, q: queue.Queue, item: Any) -> None:
+        """Put ``item``; where :data:`JUDGE_BACKLOG` windows already wait, the oldest is dropped
+        (counted in ``judge_skipped``): a verdict on it would come late, and gathered windows of
+        hundreds of ranks are megabytes each."""
+        while True:
+            try:
+                q.put_nowait(item)
+                return
+            except queue.Full:
+                try:
+                    q.get_nowait()
+                    self.judge_skipped += 1
+                except queue.Empty:
+                    pass
+
+    def _judge_loop(self, q: queue.Queue) -> None:
         """The judge thread: each window's verdicts, in order, until told to stop (None); then
         the judge process is closed. An error stops live detection, as on the live thread."""
         while True:

@@ -272,3 +272,33 @@ def test_rank_0_judges_on_a_thread_of_its_own_in_order(monkeypatch) -> None:
     gate.set()
     thread.join(10)
     assert judged == [(20, 2, True), (40, 2, True), (60, 2, True)] and closed == [True]
+
+
+def test_a_judge_that_falls_behind_judges_the_newest_windows(monkeypatch) -> None:
+    """At most JUDGE_BACKLOG windows wait for the judge thread (gathered windows of hundreds of
+    ranks are megabytes each, and a late verdict is worth little): a newer one pushes the
+    oldest out, counted; the stop is never pushed out."""
+    import threading
+
+    mon = _monitor(monkeypatch, 20, 0)
+    mon._judge_q, mon._judge_proc, mon.judge_skipped = None, None, 0
+    gate, inside, judged = threading.Event(), threading.Event(), []
+
+    def judge(gathered, size):
+        inside.set()
+        gate.wait(10)
+        judged.append(int(gathered[0, 0]))
+
+    monkeypatch.setattr(mon, "_judge", judge)
+    monkeypatch.setattr(mon, "_close_judge_proc", lambda: None)
+    mon._hand_to_judge(_window(0.0, 20), 2)
+    assert inside.wait(10)  # the judge thread holds the first window
+    for first in (40, 60, 80, 100, 120, 140):
+        mon._hand_to_judge(_window(0.0, first), 2)
+    assert mon.judge_skipped == 6 - live.JUDGE_BACKLOG
+    thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
+    live.LiveMonitor._stop_judge(mon)  # full: the stop pushes out one more window
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert judged == [20, 100, 120, 140] and mon.judge_skipped == 3
