@@ -196,6 +196,16 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
 CHUNK_STEPS: Final = 10
 
 
+#: How rank 0 starts its judge process: at the lowest CPU priority before anything is imported
+#: (``python -m hvtrace.record.live_judge`` imports hvtrace, pyarrow and numpy first, 0.23 s of
+#: CPU at the rank's priority, on a CPU the ranks may fill), then the module as ``__main__``.
+JUDGE_LAUNCH: Final = (
+    "import os\n"
+    "try:\n    os.nice(19)\nexcept OSError:\n    pass\n"
+    "import runpy\n"
+    "runpy.run_module('hvtrace.record.live_judge', run_name='__main__', alter_sys=True)\n"
+)
+
 #: Rank 0: gathered windows that may wait for the judge thread; a newer one pushes the oldest out.
 JUDGE_BACKLOG: Final = 4
 
@@ -413,7 +423,7 @@ class LiveMonitor:
 
         if self._judge_proc is None:
             self._judge_proc = subprocess.Popen(
-                [sys.executable, "-m", "hvtrace.record.live_judge"],
+                [sys.executable, "-c", JUDGE_LAUNCH],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
