@@ -7,9 +7,9 @@ A rank that has imported torch and Horovod then imports hvtrace (which loads pya
 libraries). Most of what that adds to its RSS is *file-backed*: pages of those libraries mapped
 into the process (shared with every other process on the host that maps them, and dropped under
 memory pressure), not memory hvtrace allocates. How many pages one touch maps depends on how the
-kernel holds the file in its page cache: a file read with ``read()`` (or just written, as by
-``pip install``) sits there in large folios, and a fault maps the whole folio; a file faulted in
-through the mapping itself is read ahead in smaller pieces. ``ru_maxrss`` counts every mapped
+kernel holds the file in its page cache: a file read whole with ``read()`` sits there in larger
+folios, and a fault maps the whole folio; a file faulted in through the mapping itself is read
+ahead in smaller pieces. ``ru_maxrss`` counts every mapped
 page, so the same import adds different peak RSS from one machine state to the next.
 
 Each case runs in fresh processes (``--runs`` each, median), the libraries' pages set up first:
@@ -18,8 +18,10 @@ Each case runs in fresh processes (``--runs`` each, median), the libraries' page
   (``posix_fadvise(DONTNEED)``; a page another process maps stays), so the import faults them in;
 * ``read``: the libraries read whole with ``read()`` after eviction, as a backup or a scan does;
 * ``written``: a fresh copy of the pyarrow package (in a temporary directory, ``--tmp``) imported
-  in place of the installed one, its files still in the page cache as they were written, as
-  right after ``pip install``.
+  in place of the installed one, its files still in the page cache as they were written. Meant
+  to reproduce the state right after ``pip install``, where ``import hvtrace`` once added
+  +51.5 MB; on the development machine it measured like ``evicted`` instead, so that state's
+  cause is not known.
 
 Prints, per case, the RSS added by ``import hvtrace`` and its file-backed and anonymous parts,
 and leaves the libraries evicted (the ``read`` and ``written`` cases read them whole, which would
@@ -81,7 +83,7 @@ def evict(paths: list[Path]) -> None:
 
 
 def read_whole(paths: list[Path]) -> None:
-    """Read the files with ``read()``, as a copy or an install does."""
+    """Read the files whole with ``read()``, as a copy or a backup does."""
     for p in paths:
         with open(p, "rb") as f:
             while f.read(1 << 20):

@@ -447,6 +447,14 @@ def _dir_bytes(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
+def rank_child(work: Path) -> Path:
+    """The rank launcher's file in ``work`` (written there by the first call)."""
+    child = work / "rank_child.py"
+    if not child.exists():
+        child.write_text(RANK_CHILD)
+    return child
+
+
 def run_once(
     model: str,
     mode: str,
@@ -517,9 +525,7 @@ def run_once(
         "pin": args.pin,
         "cpu_offset": cpu_offset,
     }
-    child = work / "rank_child.py"
-    if not child.exists():
-        child.write_text(RANK_CHILD)
+    child = rank_child(work)
     cmd = [
         horovodrun(),
         "-np",
@@ -1355,9 +1361,7 @@ def _round_runs(
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 out.append((mode, exc))
         return out
-    child = work / "rank_child.py"
-    if not child.exists():
-        child.write_text(RANK_CHILD)
+    rank_child(work)  # once, before two runs would write it at the same time
     modes = sorted(order, key=args.modes.index)
     with ThreadPoolExecutor(len(modes)) as pool:
         futures = [
@@ -1367,6 +1371,8 @@ def _round_runs(
     results: list[tuple[str, RunResult | BaseException]] = []
     for mode, fut in zip(modes, futures):
         exc = fut.exception()
+        if exc is not None and not isinstance(exc, (RuntimeError, subprocess.TimeoutExpired)):
+            raise exc  # a failure of the benchmark itself, as one after the other
         results.append((mode, exc if exc is not None else fut.result()))
     return results
 

@@ -221,11 +221,9 @@ def test_concurrent_rounds_run_their_modes_at_once_on_cpus_that_change_hands(tmp
     import threading
 
     both_started = threading.Barrier(2, timeout=10)
-    calls = []
 
     def fake_run_once(model, mode, rnd, a, work, cpu_offset=0):
         both_started.wait()  # raises BrokenBarrierError unless the other mode runs meanwhile
-        calls.append((rnd, mode, cpu_offset))
         if mode == "hvtrace" and rnd == 1:
             raise RuntimeError("rank 0 wrote no steps-0.json")
         return f"{mode}@{cpu_offset}"
