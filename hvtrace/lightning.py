@@ -25,8 +25,19 @@ Lightning's own phases are recorded as user spans (host clock, a few per step):
 - ``callbacks``: each round of callback hooks outside a step's phases (``on_train_batch_start``,
   ``on_train_batch_end``, epoch and validation boundaries): every callback's hook, this one's
   included (the progress bar and ``ModelCheckpoint`` run there, on rank 0 only or not);
-- ``log``: each ``LightningModule.log`` call (``sync_dist=True`` makes it a collective);
+- ``log``: each ``LightningModule.log`` call. Under ``strategy="horovod"`` it is never a
+  collective: in pytorch-lightning 1.9 ``LightningModule.log`` passes on
+  ``sync_dist=sync_dist and _distributed_available()``, true only when ``torch.distributed`` is
+  initialized, which Horovod does not do, so ``sync_dist=True`` reduces nothing (nor do
+  torchmetrics' ``Metric`` objects sync: the same test). Average a value with
+  ``hvd.allreduce(value, op=hvd.Average)`` before logging it (see ``docs/lightning.md``);
 - ``logger``: each logger's ``log_metrics`` (writing metrics, on rank 0 only).
+
+The file's header records ``framework`` (``{"name": "pytorch_lightning", "version": ...}``), so
+that the analysis advises what works under Lightning. The collectives Lightning's strategy issues
+for Lightning itself (``ModelCheckpoint``'s and ``EarlyStopping``'s broadcasts and reductions, the
+data loaders' length check) are recorded under the Lightning function that asked for them
+(``lightning:ModelCheckpoint.file_exists``: :func:`hvtrace.record.collectives.lightning_caller`).
 
 Tracing never takes training down: an internal error disables it with one warning. ``HVTRACE=0``
 makes the callback a no-op. The trace is finished (a last clock estimate, a collective, then the
@@ -242,6 +253,7 @@ class HvtraceCallback(pl.Callback):
             buffer_spans=self.buffer_spans,
             clock_rounds=self.clock_rounds,
             consistency_every=self.consistency_every,
+            framework={"name": "pytorch_lightning", "version": str(pl.__version__)},
         )
         if tracer is None:
             return

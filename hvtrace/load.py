@@ -550,6 +550,7 @@ _HEADER_TYPES: Final = (
     ("model", (str, type(None)), "a string"),
     ("horovod_env", (dict, type(None)), "a JSON object"),
     ("optimizer", (dict, type(None)), "a JSON object"),
+    ("framework", (dict, type(None)), "a JSON object"),
 )
 
 

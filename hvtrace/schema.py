@@ -76,6 +76,10 @@ FLAG_CUDA: Final = 1  # times come from CUDA events (device time), not the host 
 FLAG_END_UPPER_BOUND: Final = 2  # end is when the host observed completion, an upper bound
 FLAG_OWN: Final = 4  # a collective hvtrace itself issued (clock handshake): not the user's
 FLAG_AGREE: Final = 8  # a scalar that must be equal on every rank (hvtrace.scalar(agree=True))
+#: Tensor name recorded for a collective that Lightning's Horovod strategy issued, unnamed, for
+#: Lightning's own code: this prefix and the Lightning function (``lightning:ModelCheckpoint.
+#: file_exists``; :func:`hvtrace.record.collectives.lightning_caller`).
+LIGHTNING_PREFIX: Final = "lightning:"
 
 #: Columns of a trace file, in order. ``name`` is dictionary-encoded with delta dictionaries.
 FILE_SCHEMA: Final = pa.schema(

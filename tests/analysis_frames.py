@@ -71,6 +71,7 @@ def synth_spans(
     comm_ms: float = 2.0,
     shift_ms: dict[int, float] | None = None,
     scale: float = 1.0,
+    slow_from_step: int = 0,
 ) -> pd.DataFrame:
     """Return the spans of a simulated run (times in ns on one clock).
 
@@ -79,7 +80,8 @@ def synth_spans(
     ``slow_ms`` more in ``slow_phase`` (``input`` lands inside ``data``; ``log`` adds a user
     span ``log`` of that length inside the input gap). ``shift_ms`` {rank: ms} delays only the
     recorded times of a rank (as a clock error or a late wake-up would), not its work. ``scale``
-    multiplies the base durations (not the slowdown).
+    multiplies the base durations (not the slowdown). ``slow_from_step``: the slowdown begins at
+    this step (a fault that appears mid-run).
     """
     rng = np.random.default_rng(seed)
     slow = np.zeros(ranks)
@@ -92,7 +94,9 @@ def synth_spans(
     comm = int(comm_ms * scale * MS)
     start = np.full(ranks, 1_000_000 * MS, np.int64)
     rows: list[tuple] = []
+    slow_all = slow
     for s in range(steps):
+        slow = slow_all if s >= slow_from_step else np.zeros(ranks)
         jit = rng.normal(1.0, noise, (ranks, 4)).clip(0.5, 1.5)
         d_in = (2 * scale * MS * jit[:, 0]).astype(np.int64)
         d_log = np.zeros(ranks, np.int64)

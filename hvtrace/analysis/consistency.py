@@ -297,10 +297,11 @@ def check_frame(spans: Any, steps: StepRange | None = None) -> dict[str, Any]:
 def divergence_findings(a: Analysis) -> list[Finding]:
     """``divergence`` findings from ``a.consistency`` (:func:`check`), first step first."""
     c = getattr(a, "consistency", None) or {}
+    lightning = getattr(a, "lightning", None)
     out = []
     for d in c.get("divergences") or []:
         try:
-            out.append(_finding(d))
+            out.append(_finding(d, lightning))
         except (KeyError, TypeError, ValueError):
             continue
     return out
@@ -316,12 +317,49 @@ def _ranks_words(d: dict[str, Any]) -> str:
     return f"rank{'s' if plural else ''} {shown} differ{'' if plural else 's'} from rank {ref}"
 
 
-def _values_words(values: dict[str, dict[str, Any]], limit: int = 3) -> str:
+def _values_words(
+    values: dict[str, dict[str, Any]], names: Sequence[str] = (), limit: int = 3, ranks: int = 4
+) -> str:
+    """``"val_loss: rank 0 2.3, rank 1 2.31; ..."`` for the first ``limit`` names of ``values``
+    (and ``ranks`` ranks of each), saying how many more there are: the other names of
+    ``names`` (every differing name) and the other ranks kept."""
     parts = []
     for name, by_rank in list(values.items())[:limit]:
-        vs = ", ".join(f"rank {r} {_fmt(v)}" for r, v in list(by_rank.items())[:4])
+        vs = ", ".join(f"rank {r} {_fmt(v)}" for r, v in list(by_rank.items())[:ranks])
+        more = len(by_rank) - ranks
+        if more > 0:
+            vs += (
+                " (and more ranks)"
+                if len(by_rank) >= MAX_RANKS
+                else f" (and {more} more rank{'s' if more > 1 else ''})"
+            )
         parts.append(f"{printable(name)}: {vs}")
+    shown = set(list(values)[:limit])
+    extra = [printable(n) for n in dict.fromkeys(names) if n not in shown]
+    if not names:  # only the values kept: what they hold beyond the limit
+        extra = [printable(n) for n in list(values)[limit:]]
+    if extra:
+        listed = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
+        parts.append(f"and {len(extra)} more ({listed})")
     return "; ".join(parts)
+
+
+def _sync_dist_words(lightning: str) -> str:
+    """Why ``self.log(..., sync_dist=True)`` averages nothing under Lightning's Horovod strategy,
+    and what does (pytorch-lightning 1.9: ``LightningModule.log`` passes on ``sync_dist=sync_dist
+    and _distributed_available()``, true only when ``torch.distributed`` is initialized)."""
+    version = (
+        f"pytorch-lightning {printable(lightning[:40])}" if lightning else "pytorch-lightning 1.9"
+    )
+    return (
+        f'under strategy="horovod" self.log(..., sync_dist=True) averages nothing: {version} '
+        "reduces a logged value only when torch.distributed is initialized, which Horovod does "
+        "not do (torchmetrics objects do not sync either). Log the value averaged across ranks "
+        "instead, where ModelCheckpoint, EarlyStopping and the scheduler read it: in "
+        "on_validation_epoch_end, self.log(NAME, hvd.allreduce(value, op=hvd.Average)) with "
+        "value the rank's own mean (averaging trainer.callback_metrics in the module's "
+        "on_validation_end comes after ModelCheckpoint's and EarlyStopping's on_validation_end)"
+    )
 
 
 def _fmt(v: Any) -> str:
@@ -330,7 +368,10 @@ def _fmt(v: Any) -> str:
     return f"{float(v):.6g}"
 
 
-def _finding(d: dict[str, Any]) -> Finding:
+def _finding(d: dict[str, Any], lightning: str | None = None) -> Finding:
+    """The finding of one divergence; ``lightning``: the run's pytorch-lightning version (``""``
+    when unknown), None when the run is not known to be Lightning's (:attr:`Analysis.
+    lightning`): the advice names what averages a value on that stack."""
     what, step = d["what"], int(d["step"])
     names = [printable(n) for n in d.get("names") or []]
     more = len(names) - 3
@@ -364,18 +405,27 @@ def _finding(d: dict[str, Any]) -> Finding:
             f"{', '.join(f'rank {r} {_fmt(v)}' for r, v in list(by.items())[:4])}"
             for by in list((d.get("values") or {}).values())[:1]
         )
+        fix = (
+            "a ReduceLROnPlateau monitoring a logged value that differs across ranks: "
+            + _sync_dist_words(lightning)
+            if lightning is not None
+            else "a ReduceLROnPlateau stepped with each rank's own value: average it first, "
+            "hvd.allreduce(value, op=hvd.Average)"
+        )
         msg = (
             f"divergence at step {step}: the learning rate (lr) differs across ranks ({gw}: "
             f"{vals}); {_ranks_words(d)}: a scheduler stepped on some ranks only, or fed a "
-            "metric that differs across ranks (ReduceLROnPlateau on a metric logged without "
-            "sync_dist); the ranks now train different models"
+            f"metric that differs across ranks ({fix}); the ranks now train different models"
         )
-    elif what == "metrics":
+    elif what == "metrics":  # recorded by hvtrace.lightning only
         msg = (
             f"logged metrics differ across ranks at step {step}: "
-            f"{_values_words(d.get('values') or {})}; the logger shows rank 0's: log them with "
-            "sync_dist=True where they should describe the whole job, and never act on a "
-            "rank's own value (a scheduler, early stopping, a checkpoint choice)"
+            f"{_values_words(d.get('values') or {}, d.get('names') or ())}; the logger shows "
+            "rank 0's, and "
+            "anything that acts on one (a scheduler, EarlyStopping, ModelCheckpoint's monitor) "
+            "acts on each rank's own value; "
+            + _sync_dist_words(lightning or "")
+            + ", for every value that should describe the whole job"
         )
         return Finding("divergence", "info", msg, float(step), "step", dict(d))
     else:
@@ -386,10 +436,15 @@ def _finding(d: dict[str, Any]) -> Finding:
             if monitored
             else ""
         )
+        fix = (
+            _sync_dist_words(lightning)
+            if lightning is not None
+            else "average them across ranks with hvd.allreduce(value, op=hvd.Average) before "
+            "using them"
+        )
         msg = (
             f"divergence at step {step}: values that must agree differ across ranks: "
-            f"{_values_words(d.get('values') or {})}{mon}; average them across ranks "
-            "(self.log(..., sync_dist=True), hvd.allreduce) before using them"
+            f"{_values_words(d.get('values') or {}, d.get('names') or ())}{mon}; {fix}"
         )
     return Finding("divergence", "warning", msg, float(step), "step", dict(d))
 

@@ -20,7 +20,8 @@ from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.outside import split_name
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.analysis.stragglers import StragglerConfig, median_of_others
+from hvtrace.analysis.stragglers import StragglerConfig, median_of_others, split_cause
+from hvtrace.schema import LIGHTNING_PREFIX
 from hvtrace.units import format_bytes, printable
 
 #: A run is communication-bound when at least this share of its steps is (see step_summary).
@@ -32,8 +33,13 @@ SMALL_BYTES: Final = 256 * 1024
 #: replay: :mod:`hvtrace.analysis.whatif`) is reported as info, not as a warning.
 STRAGGLER_WARN_SHARE: Final = 0.02
 #: A collective outside the optimizer is reported when the ranks are blocked in it for at least
-#: this share of the median step.
-OUTSIDE_STEP_SHARE: Final = 0.05
+#: this share of the run's time (below it the cost is within the measurement's noise: no
+#: finding), and as a warning from OUTSIDE_RUN_SHARE of the run on (an info note between).
+OUTSIDE_NOISE_SHARE: Final = 0.01
+OUTSIDE_RUN_SHARE: Final = 0.05
+#: The ranks' blocked time in a collective is "waiting for rank R" (``collective_wait``) when
+#: at least this share of it was waiting for the last rank to issue it (``wait_share``).
+OUTSIDE_WAIT_SHARE: Final = 0.5
 #: Rank 0's extra time between steps must be this share of the step (median) or of the run.
 RANK0_STEP_SHARE: Final = 0.10
 RANK0_RUN_SHARE: Final = 0.05
@@ -64,7 +70,8 @@ CAUSE_WORDS: Final[dict[str, tuple[str, str, str]]] = {
 
 
 def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Finding]:
-    """Return the findings for an analysis, most important first."""
+    """Return the findings for an analysis: warnings before info notes, most important first
+    within each."""
     out: list[Finding] = []
     out += _hangs(a)
     out += divergence_findings(a)  # ranks that stopped training the same model
@@ -93,7 +100,51 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
                     "ms",
                 )
             )
-    return out
+    return order_findings(out, _median_step_ms(a))
+
+
+#: Findings about whether the job is correct or complete: first, whatever their time cost.
+CORRECTNESS_KINDS: Final = ("hang", "stall", "divergence", "incomplete", "dropped")
+
+
+def finding_cost(f: Finding, step_ms: float) -> tuple[float | None, float | None]:
+    """What a finding costs the job: (ms per step averaged over the run, share of the run), from
+    the numbers it carries (None where it has no time cost: a hang, a divergence)."""
+    d = f.data or {}
+    ms = d.get("lost_ms_per_step")
+    share = d.get("lost_share")
+    if ms is None and f.kind in ("collective_cost", "collective_wait"):
+        ms, share = d.get("blocked_ms_per_step"), d.get("run_share")
+    elif ms is None and f.kind == "comm_bound":
+        ms = d.get("exposed_ms")
+    elif ms is None and f.kind == "contention":
+        ms = d.get("runq_ms")
+    if ms is not None and share is None and np.isfinite(step_ms) and step_ms > 0:
+        share = float(ms) / step_ms
+    return (_f(ms), _f(share))
+
+
+def order_findings(out: list[Finding], step_ms: float) -> list[Finding]:
+    """Warnings before info notes; within the warnings, the job's correctness first (hangs,
+    divergence, an incomplete run), then the rest by what they cost, the costliest first. Each
+    finding with a time cost carries it in ``data`` (``cost_ms_per_step``, ``cost_share``)."""
+    costs = []
+    for f in out:
+        ms, share = finding_cost(f, step_ms)
+        if ms is not None:
+            f.data = {**(f.data or {}), "cost_ms_per_step": ms, "cost_share": share}
+        costs.append(ms)
+
+    def key(i: int) -> tuple[bool, bool, float]:
+        f = out[i]
+        return (f.severity != "warning", f.kind not in CORRECTNESS_KINDS, -(costs[i] or 0.0))
+
+    return [out[i] for i in sorted(range(len(out)), key=key)]
+
+
+def _median_step_ms(a: Analysis) -> float:
+    s = analyzed_steps(a.steps, a.skip_steps) if len(a.steps) else a.steps
+    return float(s["step_ns"].median()) / 1e6 if len(s) else float("nan")
 
 
 # -- hangs -----------------------------------------------------------------------------------------
@@ -275,6 +326,9 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
                 f"{head}: {where} in {vr['work_share']:.0%} of steps "
                 f"(it is last in {s['last_share']:.0%}, median {s['late_ms']:.1f} ms late)"
             )
+        span = _episode_words(s)
+        if span:
+            msg = msg.replace(f"{head}", f"{head} {span}", 1)
         costs, sev, cdata = _cost_words(s)
         msg += costs
         if cause:
@@ -289,6 +343,9 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
             data["cause"] = cause
             data.update({f"{c}_ms": _f(s[f"{c}_ms"]) for c in ("work", "contention", "blocked")})
         data.update(cdata)
+        for c in ("from_step", "to_step"):
+            if c in s and pd.notna(s[c]):
+                data[c] = int(s[c])
         out.append(
             Finding(
                 "contention" if cause == "contention" else "straggler",
@@ -301,6 +358,17 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         )
     # the costliest first (stable: slow hosts before their ranks' peers when equal)
     return sorted(out, key=lambda f: -(f.data.get("lost_ms_per_step") or 0.0))
+
+
+def _episode_words(s: pd.Series) -> str:
+    """ "from step 80" / "in steps 80-140" for a straggler slow in a stretch of the run only
+    (``from_step`` / ``to_step`` of :func:`hvtrace.analysis.stragglers.merge_episodes`)."""
+    a, b = s.get("from_step"), s.get("to_step")
+    if a is None or pd.isna(a):
+        return ""
+    if b is None or pd.isna(b):
+        return f"(from step {int(a)})"
+    return f"(in steps {int(a)}-{int(b)})"
 
 
 def cause_clause(s: pd.Series) -> str:
@@ -344,7 +412,12 @@ def _contention(a: Analysis) -> list[Finding]:
                 + ("" if h.host in advised else "; " + CAUSE_WORDS["contention"][2]),
                 h.runq_ms,
                 "ms",
-                {"host": h.host, "ranks": list(h.ranks), "work_share": h.work_share},
+                {
+                    "host": h.host,
+                    "ranks": list(h.ranks),
+                    "work_share": h.work_share,
+                    "runq_ms": _f(h.runq_ms),
+                },
             )
         )
     return out  # host_contention's order: the most starved host first
@@ -369,7 +442,14 @@ def _between_steps(phase: str) -> bool:
 
 
 def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
-    """Rank 0 doing blocking work between steps (logging, checkpoints) while the others wait."""
+    """Rank 0 doing blocking work between steps (logging, checkpoints) while the others wait.
+
+    The evidence is rank 0's input gap minus the other ranks' median in the same step, over the
+    analyzed steps. Its *mean* is what the work costs each step (work done every N steps has a
+    median excess of zero and a mean of its length over N); it must stand out of the
+    measurement's own noise (three standard errors of that mean: a correct job's excesses
+    scatter around zero, so their mean does not) and cost at least
+    :data:`RANK0_RUN_SHARE` of rank 0's run time."""
     if 0 not in a.ranks or len(a.ranks) < 2:
         return []
     s = analyzed_steps(a.steps, a.skip_steps)
@@ -379,20 +459,30 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
     if 0 not in wide.columns or wide.shape[1] < 2:
         return []
     m = wide.to_numpy(dtype=np.float64)
-    ex = (m - median_of_others(m))[:, list(wide.columns).index(0)]
-    ex = ex[np.isfinite(ex)]
-    if not len(ex):
+    j0 = list(wide.columns).index(0)
+    ex = (m - median_of_others(m))[:, j0]
+    ok = np.isfinite(ex)
+    ex, steps_ex = ex[ok], wide.index.to_numpy()[ok]
+    if len(ex) < cfg.min_steps:
         return []
-    med_step = float(s["step_ns"].median())
-    med_ex = float(np.median(ex))
-    step0 = float(s.loc[s["rank"] == 0, "step_ns"].sum())
-    share = float(np.clip(ex, 0, None).sum() / step0) if step0 > 0 else 0.0
-    floor = max(RANK0_STEP_SHARE * med_step, cfg.min_floor_ns)
-    if not (med_ex > floor or share >= RANK0_RUN_SHARE):
+    mean_ex = float(ex.mean())
+    noise = 3.0 * float(ex.std(ddof=1)) / np.sqrt(len(ex))
+    step0 = s.loc[s["rank"] == 0, "step_ns"]
+    mean_step = float(step0.mean()) if len(step0) else 0.0
+    share = mean_ex / mean_step if mean_step > 0 else 0.0
+    if not (mean_ex > noise and share >= RANK0_RUN_SHARE):
         return []
-    pr = a.per_rank.set_index("rank")
-    in0 = pr.loc[0, "input_ms"]
-    others = pr.drop(index=0)["input_ms"].median()
+    why = {"cause": "", "work_ms": None, "contention_ms": None, "blocked_ms": None}
+    if {"input_cpu_ns", "input_runq_ns"} <= set(s.columns):
+        parts = []
+        for col in ("input_cpu_ns", "input_runq_ns"):
+            w = s.pivot_table(index="step", columns="rank", values=col, aggfunc="sum")
+            w = w.reindex(index=wide.index, columns=wide.columns).to_numpy(np.float64)
+            e = (w - median_of_others(w))[:, j0][ok]
+            parts.append(float(np.nanmean(e)) / 1e6 if np.isfinite(e).any() else float("nan"))
+        why = split_cause(mean_ex / 1e6, parts[0], parts[1])
+    in0 = float(np.nanmean(m[:, j0])) / 1e6
+    others = float(np.nanmedian(np.delete(m, j0, axis=1).mean(axis=0))) / 1e6
     v0 = a.verdicts.set_index("rank").loc[0]
     last = (
         f" (it is last to be ready in {v0['last_share']:.0%} of steps, median "
@@ -400,17 +490,25 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
         if bool(v0["named"])
         else ""
     )
+    floor = max(RANK0_STEP_SHARE * float(s["step_ns"].median()), cfg.min_floor_ns)
+    big = ex > floor
+    every = ""
+    if big.any() and big.mean() < 0.75:
+        gaps = np.diff(steps_ex[big])
+        if len(gaps):
+            every = f", about every {float(np.median(gaps)):.0f} steps"
     msg = (
-        f"rank 0 does blocking work between steps while the others wait{last}: its input gap is "
-        f"{in0:.1f} ms vs {others:.1f} ms on the other ranks (median excess {med_ex / 1e6:.1f} ms "
-        f"per step, {share:.0%} of its run time)"
+        f"rank 0 does blocking work between steps while the others wait{last}: its input gap "
+        f"averages {in0:.1f} ms vs {others:.1f} ms on the other ranks{every}; it costs the job "
+        f"{mean_ex / 1e6:.1f} ms per step ({share:.1%} of the run)"
+        + (f"; {CAUSE_WORDS[why['cause']][0]} ({why['cause']})" if why["cause"] else "")
     )
     up = a.user_per_rank
     if len(up):
         u0 = up[up["rank"] == 0].set_index("name")["mean_ms"]
         uo = up[up["rank"] != 0].groupby("name")["mean_ms"].median()
         diff = (u0 - uo.reindex(u0.index).fillna(0.0)).sort_values(ascending=False)
-        if len(diff) and diff.iloc[0] > 0.3 * max(float(np.mean(np.clip(ex, 0, None))) / 1e6, 1e-9):
+        if len(diff) and diff.iloc[0] > 0.3 * mean_ex / 1e6:
             msg += f"; user span '{diff.index[0]}' adds {diff.iloc[0]:.1f} ms per step on rank 0"
     msg += "; move it off the training loop (another thread, or every N steps)"
     return [
@@ -418,9 +516,20 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
             "rank0_blocking",
             "warning",
             msg,
-            med_ex / 1e6,
+            mean_ex / 1e6,
             "ms",
-            {"input_ms_rank0": _f(in0), "input_ms_others": _f(others), "run_share": share},
+            {
+                "rank": 0,
+                "phase": "input",
+                "cause": why["cause"],
+                **{f"{c}_ms": _f(why[f"{c}_ms"]) for c in ("work", "contention", "blocked")},
+                "input_ms_rank0": _f(in0),
+                "input_ms_others": _f(others),
+                "lost_ms_per_step": _f(mean_ex / 1e6),
+                "lost_share": _f(share),
+                "run_share": _f(share),
+                "noise_ms": _f(noise / 1e6),
+            },
         )
     ]
 
@@ -579,68 +688,252 @@ def _small_allreduces(a: Analysis) -> list[Finding]:
 
 # -- collectives outside the optimizer -------------------------------------------------------------
 def _outside(a: Analysis) -> list[Finding]:
-    """A collective outside the optimizer that blocks a large share of the step: either the
-    ranks wait in it for one late rank (``collective_wait``), or it costs that much by itself
-    (``collective_cost``)."""
+    """A collective outside the optimizer that costs the run a share of its time worth naming:
+    either the ranks wait in it for one late rank (``collective_wait``), or it costs that much by
+    itself (``collective_cost``). The cost is stated per call and over the run (a call once
+    every ten steps that blocks 40 % of the step it runs in costs about 4 % of the run); below
+    :data:`OUTSIDE_NOISE_SHARE` of the run there is no finding, below :data:`OUTSIDE_RUN_SHARE`
+    an info note. A collective Lightning issues for itself (``lightning:...``; in a Lightning
+    run, an unnamed ``broadcast_object`` or ``join``, or a reduction of one integer) is named as
+    Lightning's, with what the user can change (how often it runs), not a change to the call."""
     t = a.outside
     if t is None or t.empty:
         return []
+    s = a.analyzed
+    med_step = float(s["step_ns"].median()) / 1e6 if len(s) else float("nan")
+    lightning = a.lightning is not None
+    cont = a.contention
+    short = bool(len(cont) and "short" in cont.columns and cont["short"].astype(bool).any())
     out = []
-    for _, r in t.iterrows():
+    for r in _merged_sources(t):
         share = float(r["step_share"])
-        if not np.isfinite(share) or share < OUTSIDE_STEP_SHARE:
-            continue
-        what = _collective_words(r)
+        run_share = float(r.get("run_share", share))
+        if not np.isfinite(run_share):
+            run_share = share
+        if not np.isfinite(run_share) or run_share < OUTSIDE_NOISE_SHARE:
+            continue  # within the measurement's noise: not worth a line
+        src = _lightning_source(r, lightning)
+        what = _collective_words(r) + (f" ({src[0]})" if src else "")
+        calls = float(r["count_per_step"])
+        blocked = float(r["blocked_ms_per_step"])
+        per_call = blocked / max(calls, 1e-9)
+        cost = _outside_cost_words(r, per_call, med_step, run_share)
         data = {
             "op": str(r["op"]),
             "phase": str(r["phase"]),
             "name": str(r["name"]),
-            "count_per_step": _f(r["count_per_step"]),
-            "blocked_ms_per_step": _f(r["blocked_ms_per_step"]),
+            "count": int(r["count"]),
+            "count_per_step": _f(calls),
+            "blocked_ms_per_step": _f(blocked),
+            "blocked_ms_per_call": _f(per_call),
             "step_share": _f(share),
+            "run_share": _f(run_share),
         }
+        if src:
+            data["issued_by"] = src[0]
+        sev = "warning" if run_share >= OUTSIDE_RUN_SHARE and (not src or src[2]) else "info"
         rank, late = int(r["late_rank"]), float(r["late_share"])
         need = 0.75 if int(r["ranks"]) == 2 else 0.5
         wait = float(r["wait_for_last_ms"])
-        per_call = float(r["blocked_ms_per_step"]) / max(float(r["count_per_step"]), 1e-9)
-        if rank >= 0 and np.isfinite(late) and late >= need and wait >= 0.5 * per_call:
+        waited = float(r.get("wait_share", float("nan")))
+        if not np.isfinite(waited):  # a table without it: the median wait against a call
+            waited = min(wait / per_call, 1.0) if per_call > 0 and np.isfinite(wait) else 0.0
+        data["wait_share"] = _f(waited)
+        if rank >= 0 and np.isfinite(late) and late >= need and waited >= OUTSIDE_WAIT_SHARE:
             data |= {"rank": rank, "last_share": late, "wait_for_last_ms": wait}
             out.append(
                 Finding(
                     "collective_wait",
-                    "warning",
+                    sev,
                     f"ranks wait {wait:.1f} ms per call in {what} for rank {rank}, the last to "
-                    f"issue it in {late:.0%} of calls ({share:.0%} of each step blocked in it): "
-                    f"rank {rank} is late before the call; the collective itself is not slow",
+                    f"issue it in {late:.0%} of calls ({waited:.0%} of the waiting ranks' time "
+                    f"in it is that wait; {cost}): rank {rank} is late before the call; the "
+                    "collective itself is not slow",
                     wait,
                     "ms",
                     data,
                 )
             )
-        else:
-            out.append(
-                Finding(
-                    "collective_cost",
-                    "warning",
-                    f"{what} blocks {share:.0%} of each step "
-                    f"({r['blocked_ms_per_step']:.1f} ms, {r['count_per_step']:.2g} calls per "
-                    f"step): reduce metrics every N steps instead of every step, or issue them "
-                    f"with the _async form and synchronize the handle where the result is needed",
-                    float(r["blocked_ms_per_step"]),
-                    "ms",
-                    data,
-                )
+            continue
+        if waited >= OUTSIDE_WAIT_SHARE:  # waiting, but for no one rank in particular
+            advice = (
+                f"the ranks mostly wait in it for the last one to issue it ({waited:.0%} of the "
+                "waiting ranks' time in it), a different rank from call to call: the collective "
+                "itself is cheap, the ranks' work before it is uneven"
             )
+            # not a cost of the call: without it, the same wait moves to the next collective
+            sev = "warning" if run_share * (1 - waited) >= OUTSIDE_RUN_SHARE else "info"
+        else:
+            advice = src[1] if src else _outside_advice(r, calls)
+            if rank >= 0 and np.isfinite(late) and waited >= 0.2:
+                advice = (
+                    f"{waited:.0%} of the waiting ranks' time in it is waiting for the last rank "
+                    f"to issue it (rank {rank} in {late:.0%} of calls); " + advice
+                )
+            if short:  # what blocks the ranks may be the CPU, not the call
+                advice += (
+                    "; the host is short of CPU (see the contention finding), which also delays "
+                    "Horovod's background thread: measure again with CPU to spare first"
+                )
+        out.append(
+            Finding(
+                "collective_cost",
+                sev,
+                f"{what}: {cost}; {advice}",
+                blocked,
+                "ms",
+                data,
+            )
+        )
     return out
+
+
+def _merged_sources(t: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``Analysis.outside`` as dicts, most blocked first, those of one Lightning
+    function (the same ``lightning:`` name and phase: ``hvd.join`` then ``hvd.allreduce``, which
+    its strategy's ``reduce`` issues together) merged into one: ops joined by ``+``, per-step
+    times and shares summed, the rest from the costlier."""
+    rows = t.to_dict("records")
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        name = str(r["name"])
+        if not name.startswith(LIGHTNING_PREFIX):
+            out.append(r)
+            continue
+        key = (name, str(r["phase"]))
+        m = merged.get(key)
+        if m is None:
+            merged[key] = dict(r)
+            out.append(merged[key])
+            continue
+        both = dict(m if m["blocked_ms_per_step"] >= r["blocked_ms_per_step"] else r)
+        # in the order Lightning issues them: the join first
+        both["op"] = "+".join(sorted((str(m["op"]), str(r["op"])), key=lambda o: o != "join"))
+        for c in ("ms_per_step", "blocked_ms_per_step", "step_share", "run_share"):
+            if c in m and c in r:
+                both[c] = float(m[c]) + float(r[c])
+        for c in ("count", "count_per_step", "bytes"):
+            both[c] = max(m[c], r[c])
+        m.clear()
+        m.update(both)
+    return sorted(out, key=lambda r: -float(r["blocked_ms_per_step"]))
+
+
+def _outside_cost_words(r: Any, per_call: float, med_step: float, run_share: float) -> str:
+    """What a collective outside the optimizer costs, honestly: per call, per step averaged
+    over the run, and as a share of the run's time."""
+    calls = float(r["count_per_step"])
+    blocked = float(r["blocked_ms_per_step"])
+    run = f"{run_share:.1%} of the run's time"
+    if calls >= 0.95:
+        return f"it blocks the ranks {blocked:.1f} ms per step ({calls:.2g} calls per step), {run}"
+    ratio = per_call / med_step if med_step > 0 else float("nan")
+    of_step = (
+        f" ({ratio:.0%} of a median step)"
+        if ratio < 2
+        else f" ({ratio:.{1 if ratio < 10 else 0}f} median steps of {med_step:.1f} ms)"
+        if np.isfinite(ratio)
+        else ""
+    )
+    return (
+        f"{int(r['count'])} call{'s' if int(r['count']) != 1 else ''}, about once every "
+        f"{1 / max(calls, 1e-9):.0f} steps, each blocking the ranks {per_call:.1f} ms{of_step}: "
+        f"{blocked:.2f} ms per step averaged over the run, {run}"
+    )
+
+
+#: Collectives Horovod offers in an ``_async`` form (the rest pickle objects or wait for ranks).
+_ASYNC_FAMILIES: Final = (
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+)
+
+
+def _outside_advice(r: Any, calls: float) -> str:
+    """What to change about a costly collective of the user's own."""
+    family = str(r["op"]).partition(".")[0]
+    hide = (
+        f"issue it with the _async form (hvd.{family}_async) and synchronize the handle where "
+        "the result is needed"
+        if family in _ASYNC_FAMILIES
+        else "it has no _async form: call it outside the training loop"
+    )
+    if calls >= 0.95:
+        return f"reduce metrics every N steps instead of every step, or {hide}"
+    return f"it already runs less than once per step; to cut what each call blocks, {hide}"
+
+
+#: Lightning functions (``lightning:QUALNAME``) whose collectives say what they are, and what
+#: the user can change: (description, advice, worth a warning).
+_LIGHTNING_CALLERS: Final[dict[str, tuple[str, str, bool]]] = {
+    "ModelCheckpoint": (
+        "Lightning's ModelCheckpoint callback",
+        "Lightning issues it at each checkpoint check, not your code: to pay it less often, "
+        "check less often (ModelCheckpoint(every_n_train_steps=N) or every_n_epochs=N, or "
+        "validate less often: val_check_interval, check_val_every_n_epoch)",
+        True,
+    ),
+    "EarlyStopping": (
+        "Lightning's EarlyStopping callback",
+        "Lightning issues it at each early-stopping check, not your code: to pay it less often, "
+        "validate less often (val_check_interval, check_val_every_n_epoch)",
+        True,
+    ),
+    "has_len_all_ranks": (
+        "Lightning's check of the data loaders' lengths",
+        "Lightning issues it when it sets up a data loader, not your code: nothing to change",
+        False,
+    ),
+}
+
+
+def _lightning_source(r: Any, lightning: bool) -> tuple[str, str, bool] | None:
+    """``(description, advice, worth a warning)`` for a collective Lightning issued for itself,
+    else None: a name ``lightning:QUALNAME`` (:func:`hvtrace.record.collectives.
+    lightning_caller`), or, in a run known to be Lightning's, an unnamed ``broadcast_object`` or
+    ``join`` or a reduction of one integer (8 bytes): what its Horovod strategy's ``broadcast``
+    and ``reduce`` issue for ModelCheckpoint and EarlyStopping (traces recorded before the name)."""
+    name = str(r["name"])
+    if name.startswith(LIGHTNING_PREFIX):
+        qual = name[len(LIGHTNING_PREFIX) :]
+        key = qual.split(".", 1)[0]
+        if key in _LIGHTNING_CALLERS:
+            return _LIGHTNING_CALLERS[key]
+        return (
+            f"issued by Lightning itself ({printable(qual)})",
+            "Lightning issues it, not your code: it runs as often as the Lightning feature that "
+            "asks for it",
+            False,
+        )
+    op = str(r["op"])
+    small_sum = op == "allreduce.sum" and int(r["bytes"]) <= 8
+    if lightning and not name and (op in ("broadcast_object", "join") or small_sum):
+        return (
+            "unnamed: most likely Lightning's own, its Horovod strategy's broadcast or reduce as "
+            "ModelCheckpoint and EarlyStopping issue at each check",
+            "if it is Lightning's, your code cannot change the call: check less often "
+            "(ModelCheckpoint(every_n_train_steps=N) or every_n_epochs=N, val_check_interval)",
+            True,
+        )
+    return None
 
 
 def _collective_words(r: Any) -> str:
     """``hvd.allreduce (sum) 'loss' issued in backward`` for a row of ``Analysis.outside`` (or
     anything with ``op``, ``name`` and ``phase``)."""
-    op = str(r["op"])
-    fn, _, red = op.partition(".")
+    ops = []
+    for op in str(r["op"]).split("+"):  # "join+allreduce.sum": merged (_merged_sources)
+        fn, _, red = op.partition(".")
+        ops.append(f"hvd.{printable(fn)}{f' ({printable(red)})' if red else ''}")
     name = f" {printable(r['name'])!r}" if r["name"] else ""
-    return f"hvd.{printable(fn)}{f' ({printable(red)})' if red else ''}{name} issued in " + (
+    return f"{' then '.join(ops)}{name} issued in " + (
         printable(r["phase"]) if r["phase"] != "outside" else "no step"
     )
 

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from hvtrace.analysis.steps import analyzed_steps
+from hvtrace.schema import LIGHTNING_PREFIX
 from hvtrace.selection import StepRange
 
 
@@ -140,6 +141,31 @@ class Analysis:
     #: The run was being written when analyzed (:attr:`hvtrace.load.Run.live`): a rank whose file
     #: is still open is in progress, not stopped.
     in_progress: bool = False
+    #: The training framework that built the optimizer, from the header (``{"name":
+    #: "pytorch_lightning", "version": "1.9.5"}``; empty for a plain Horovod script or a frame).
+    framework: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lightning(self) -> str | None:
+        """The run was traced under PyTorch Lightning: its version (the header's ``framework``),
+        ``""`` when only the trace shows it (the logged metrics or a plateau scheduler's value
+        that only :mod:`hvtrace.lightning` records, a collective Lightning issued for itself),
+        None when the run is not known to be Lightning's."""
+        fw = self.framework if isinstance(self.framework, dict) else {}
+        if str(fw.get("name") or "") == "pytorch_lightning":
+            return str(fw.get("version") or "")
+        c = self.consistency if isinstance(self.consistency, dict) else {}
+        if c.get("metrics") or any(
+            d.get("what") == "metrics" or d.get("monitored")
+            for d in c.get("divergences") or []
+            if isinstance(d, dict)
+        ):
+            return ""
+        t = self.outside
+        names = t["name"] if t is not None and len(t) and "name" in t.columns else ()
+        if len(names) and names.astype(str).str.startswith(LIGHTNING_PREFIX).any():
+            return ""
+        return None
 
     @property
     def analyzed(self) -> pd.DataFrame:

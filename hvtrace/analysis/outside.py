@@ -52,6 +52,8 @@ OUTSIDE_COLUMNS: Final[tuple[str, ...]] = (
     "late_rank",
     "late_share",
     "wait_for_last_ms",
+    "run_share",
+    "wait_share",
 )
 
 
@@ -101,12 +103,18 @@ def outside_table(
       ``count_per_step``: per analyzed step;
     - ``ms_per_step``: time in flight per step, averaged over ranks (from enqueue to the result
       observed); ``blocked_ms_per_step``: the training thread's time blocked in it;
-      ``step_share``: blocked time's share of the median step;
+      ``step_share``: that per-step average's share of the median step (for a call made once
+      every ten steps, a tenth of what one call blocks); ``run_share``: the blocked time's share
+      of the run's time (the analyzed steps' total, averaged over ranks);
     - ``bytes``: the largest contribution of one rank; ``ranks``: the most ranks that issued one
       occurrence (fewer than the run's ranks: some rank never issued it);
     - ``late_rank``: the rank that enqueued last most often, ``late_share`` how often (needs 2
       ranks); ``wait_for_last_ms``: median over occurrences of how long the other ranks waited
-      on average for the last one (its enqueue minus theirs).
+      on average for the last one (its enqueue minus theirs); ``wait_share``: the share of a
+      waiting rank's time in it that was waiting for the last rank to issue it, over the
+      occurrences issued by 2 ranks or more: their waits over those waits plus the call itself
+      (the mean blocked time less the wait's share of it, (n-1)/n of the wait: what the last
+      rank was blocked); 0..1, NaN when none.
     """
     if outside.empty or analyzed_steps.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in OUTSIDE_COLUMNS})
@@ -116,6 +124,7 @@ def outside_table(
         return pd.DataFrame({c: pd.Series(dtype=object) for c in OUTSIDE_COLUMNS})
     n_steps = len(steps)
     step_ms = float(analyzed_steps["step_ns"].median()) / 1e6
+    mean_step_ms = float(analyzed_steps["step_ns"].mean()) / 1e6
     n = o["n_spans"].to_numpy(np.float64)
     o = o.assign(
         flight_ms=o["sum_flight_ns"].to_numpy(np.float64) / n / 1e6,
@@ -130,11 +139,19 @@ def outside_table(
         op, phase, tensor = split_name(str(name))
         multi = g[g["n_spans"] >= 2]
         late_rank, late_share, wait = -1, float("nan"), float("nan")
+        wait_share = float("nan")
         if len(multi):
             counts = multi["last_rank"].value_counts()
             late_rank = int(counts.index[0])
             late_share = float(counts.iloc[0]) / len(multi)
             wait = float(multi["wait_ms"].median())
+            # per occurrence: the others waited w on average, and all were blocked b on
+            # average, so the call itself (the last rank's blocked time) took b - w (k-1)/k
+            k = multi["n_spans"].to_numpy(np.float64)
+            w = np.maximum(multi["wait_ms"].to_numpy(np.float64), 0.0)
+            own = np.maximum(multi["blocked_ms"].to_numpy(np.float64) - w * (k - 1) / k, 0.0)
+            if np.isfinite(w).all() and np.isfinite(own).all() and w.sum() + own.sum() > 0:
+                wait_share = float(w.sum() / (w.sum() + own.sum()))
         blocked = float(g["blocked_ms"].sum()) / n_steps
         rows.append(
             {
@@ -151,6 +168,8 @@ def outside_table(
                 "late_rank": late_rank,
                 "late_share": late_share,
                 "wait_for_last_ms": wait,
+                "run_share": blocked / mean_step_ms if mean_step_ms > 0 else float("nan"),
+                "wait_share": wait_share,
             }
         )
     out = pd.DataFrame(rows, columns=list(OUTSIDE_COLUMNS))

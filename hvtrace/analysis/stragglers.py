@@ -24,7 +24,13 @@ millisecond or two late in every step of a balanced run; see :meth:`StragglerCon
 The phase named is the one whose excess over the other ranks explains the lateness, comparing
 per-rank *medians* over steps (a slow update at the end of step k delays the rank's arrival in
 step k+1: comparing medians finds it all the same). A user span is named instead of the built-in
-phase that contains it when it accounts for most of that phase's excess.
+phase that contains it when it accounts for most of that phase's excess. Where the run measured
+run-queue wait, the phase is chosen by its excess *less its contention part*, when some phase is
+slower by the work margin without it: on a host short of CPU, whichever rank is behind waits for
+a CPU while its peers spin in their wait for it (Horovod's wait yields but stays runnable), so a
+rank that sleeps 30 ms in its forward can show a larger, contended excess in its backward; the
+forward is what made it late. A rank slow by contention alone (a neighbour pinned to its core)
+is named for that.
 
 When every rank of one host (with 2 or more ranks) is late and the run has more than one host,
 the host is named too (:func:`slow_hosts`).
@@ -325,6 +331,7 @@ def straggler_table(
     b_idx = np.array([k for k, p in enumerate(phases) if not p.startswith("user:")], np.int64)
     u_idx = np.array([k for k, p in enumerate(phases) if p.startswith("user:")], np.int64)
     floor_ms = work_floor_ns / 1e6
+    rq = np.asarray(cause_excess["runq"], dtype=np.float64).reshape(n_ranks, len(phases))
     for i, r in enumerate(ranks):
         rec: dict[str, Any] = {}
         rec["late_ms"] = float(late_ms.get(r, np.nan))
@@ -332,7 +339,13 @@ def straggler_table(
         rec["late_floor_ms"] = float(late_floor_ns[i] / 1e6)
         bex = me[i, b_idx]
         rec["explained_ms"] = float(bex[bex > 0].sum())
-        bk = _nanargmax(bex)
+        # the phase the rank is slow in of its own accord: its excess less the part spent
+        # waiting for a CPU (on a host short of CPU the rank that is behind waits for one while
+        # its peers spin in their wait for it: contention that follows lateness, whatever made
+        # the rank late); by the whole excess when no phase is slow without it (contention alone)
+        own = bex - np.clip(np.nan_to_num(rq[i, b_idx], nan=0.0), 0.0, None)
+        ok_own = np.isfinite(own) & (own >= floor_ms)
+        bk = _nanargmax(np.where(ok_own, own, np.nan)) if ok_own.any() else _nanargmax(bex)
         if bk is not None:
             bp = phases[int(b_idx[bk])]
             rec["builtin_phase"], rec["builtin_excess_ms"] = bp, float(bex[bk])
@@ -457,6 +470,182 @@ def _empty_verdicts(base: pd.DataFrame) -> pd.DataFrame:
     return out[_VERDICT_COLUMNS]
 
 
+#: Episodes (:func:`straggler_episodes`): the analyzed steps are cut into at most this many
+#: windows, of at least :data:`EPISODE_MIN_STEPS` steps each.
+EPISODE_WINDOWS: Final = 10
+EPISODE_MIN_STEPS: Final = 20
+
+
+def _windows(nums: np.ndarray) -> list[np.ndarray]:
+    """Cut sorted step numbers into windows for :func:`straggler_episodes` (none when the run
+    has fewer than two windows' worth)."""
+    n = len(nums)
+    w = max(EPISODE_MIN_STEPS, -(-n // EPISODE_WINDOWS))
+    if n < 2 * w:
+        return []
+    wins = [nums[i : i + w] for i in range(0, n, w)]
+    if len(wins) > 1 and len(wins[-1]) < w // 2:
+        wins[-2:] = [np.concatenate(wins[-2:])]
+    return wins
+
+
+def _best_stretch(x: np.ndarray) -> tuple[int, int]:
+    """The stretch ``[i, j]`` of ``x`` (scores, + where the fault shows, - where it does not)
+    with the largest sum (Kadane)."""
+    best, best_ij, cur, start = -np.inf, (0, len(x) - 1), 0.0, 0
+    for k, v in enumerate(x):
+        if cur <= 0:
+            cur, start = 0.0, k
+        cur += v
+        if cur > best:
+            best, best_ij = cur, (start, k)
+    return best_ij
+
+
+def straggler_episodes(
+    steps: pd.DataFrame,
+    users: pd.DataFrame | None = None,
+    hosts: dict[int, str] | None = None,
+    clock_uncertainty: dict[int, int] | None = None,
+    skip_steps: int = 1,
+    config: StragglerConfig | None = None,
+) -> pd.DataFrame:
+    """Ranks that are stragglers for a stretch of the run, with the steps it began and ended.
+
+    A rank that becomes slow at step 80 of 200 is last in 60 % of the steps: the whole-run
+    decision can miss it, and cannot say when it began. So the analyzed steps are also cut into
+    windows (:data:`EPISODE_WINDOWS` of at least :data:`EPISODE_MIN_STEPS` steps), the same
+    decision (:func:`straggler_table`) is taken in each, and a rank named in two windows in a
+    row or more is decided again on those windows' steps together. A claim about part of the
+    run rests on fewer steps, so there it must hold by both criteria at once: the rank arrives
+    last in a clear majority of the steps, late by what its phases explain, *and* one phase is
+    slower than the other ranks' by the work margin in most steps. The episode's first and last
+    step are then found over the whole run: the stretch where the named phase's excess over the
+    other ranks is above half of its median excess in most steps (the maximum-sum stretch of +1
+    for such a step, -1 for another).
+
+    An episode whose cause is contention is not kept: on a host short of CPU, whichever rank is
+    behind waits for a CPU while its peers spin in their wait for it (Horovod's wait yields but
+    stays runnable), for a stretch, then another rank does; that is the host's contention
+    (:func:`host_contention`), and a rank whose CPU is taken all along (a neighbour pinned to
+    its core) is named by the whole-run decision.
+
+    Returns one row per episode, the longest first: ``rank``, ``first_step``, ``last_step``,
+    ``steps_in`` and the verdict columns of :func:`straggler_table` over the episode's steps.
+    """
+    cfg = config or StragglerConfig()
+    cols = ["rank", "first_step", "last_step", "steps_in", *_VERDICT_COLUMNS[1:]]
+    empty = pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    a = analyzed_steps(steps, skip_steps)
+    if a.empty or a["rank"].nunique() < 2:
+        return empty
+    nums = np.sort(a["step"].unique())
+    wins = _windows(nums)
+    if not wins:
+        return empty
+
+    def decide(sel: np.ndarray) -> pd.DataFrame:
+        sub = a[a["step"].isin(sel)]
+        us = users[users["step"].isin(sel)] if users is not None and len(users) else users
+        return straggler_table(sub, us, hosts, clock_uncertainty, 0, cfg)
+
+    named = []
+    for w in wins:
+        v = decide(w)
+        named.append(set(int(r) for r in v.loc[v["named"], "rank"]))
+    rows = []
+    for r in sorted({r for n in named for r in n}):
+        k = 0
+        while k < len(wins):
+            if r not in named[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(wins) and r in named[j + 1]:
+                j += 1
+            if j > k:
+                row = _episode(a, users, r, wins, k, j, decide)
+                if row is not None:
+                    rows.append(row)
+            k = j + 1
+    if not rows:
+        return empty
+    out = pd.DataFrame(rows)
+    out = out.sort_values(["steps_in", "late_ms"], ascending=False, kind="stable")
+    return out[cols].reset_index(drop=True)
+
+
+def _episode(
+    a: pd.DataFrame,
+    users: pd.DataFrame | None,
+    r: int,
+    wins: list[np.ndarray],
+    k: int,
+    j: int,
+    decide: Any,
+) -> dict[str, Any] | None:
+    """Rank ``r``'s episode over windows ``k..j``: decided again on their steps, then its
+    first and last step found over the whole run (the stretch that overlaps the windows)."""
+    v = decide(np.concatenate(wins[k : j + 1])).set_index("rank")
+    if r not in v.index:
+        return None
+    rec = v.loc[r].to_dict()
+    if not (rec["by_arrival"] and rec["by_work"]):
+        return None  # a claim on part of the run needs both kinds of evidence
+    if rec["cause"] == "contention":
+        return None  # contention for a stretch: the host's (host_contention), not the rank's
+    around = np.concatenate(wins)
+    first, last = int(wins[k][0]), int(wins[j][-1])
+    phase = str(rec["phase"])
+    if phase:
+        sub = a[a["step"].isin(around)]
+        pm = phase_matrix(sub, users[users["step"].isin(around)] if users is not None else None)
+        col = _col(phase, list(pm.columns))
+        if col in pm.columns:
+            wide = pm[col].unstack("rank")
+            if r in wide.columns:
+                ex = wide.to_numpy() - median_of_others(wide.to_numpy())
+                mine = ex[:, list(wide.columns).index(r)]
+                line = 0.5 * max(float(rec["phase_excess_ms"]), float(rec["work_floor_ms"]))
+                score = np.where(np.isfinite(mine) & (mine > line), 1.0, -1.0)
+                i0, i1 = _best_stretch(score)
+                if int(wide.index[i0]) <= last and int(wide.index[i1]) >= first:
+                    first, last = int(wide.index[i0]), int(wide.index[i1])
+    rec.update(rank=r, first_step=first, last_step=last, steps_in=last - first + 1)
+    return rec
+
+
+def merge_episodes(verdicts: pd.DataFrame, episodes: pd.DataFrame, steps: pd.DataFrame,
+                   skip_steps: int = 1) -> pd.DataFrame:  # fmt: skip
+    """Return ``verdicts`` with ``from_step`` / ``to_step`` (the steps a rank was slow in, NaN
+    for the whole run) and the ranks named only in an episode named, with that episode's
+    evidence (its longest episode; the reason says which steps)."""
+    v = verdicts.copy()
+    v["from_step"] = np.nan
+    v["to_step"] = np.nan
+    if episodes.empty or v.empty:
+        return v
+    a = analyzed_steps(steps, skip_steps)
+    lo, hi = int(a["step"].min()), int(a["step"].max())
+    slack = max(EPISODE_MIN_STEPS // 2, 1)
+    for _, e in episodes.drop_duplicates("rank").iterrows():
+        m = v["rank"] == e["rank"]
+        if not m.any():
+            continue
+        whole = e["first_step"] - lo <= slack and hi - e["last_step"] <= slack
+        i = v.index[m][0]
+        if not bool(v.at[i, "named"]):
+            for c in _VERDICT_COLUMNS[1:]:
+                v.at[i, c] = e[c]
+            v.at[i, "reason"] = f"steps {int(e['first_step'])}-{int(e['last_step'])}: {e['reason']}"
+        elif whole:
+            continue
+        if not whole:
+            v.at[i, "from_step"] = int(e["first_step"])
+            v.at[i, "to_step"] = int(e["last_step"]) if hi - e["last_step"] > slack else np.nan
+    return v
+
+
 def find_stragglers(verdicts: pd.DataFrame) -> pd.DataFrame:
     """Return the named stragglers of :func:`straggler_table`, latest first.
 
@@ -476,6 +665,7 @@ def find_stragglers(verdicts: pd.DataFrame) -> pd.DataFrame:
         "contention_ms",
         "blocked_ms",
     ]
+    cols += [c for c in ("from_step", "to_step") if c in verdicts.columns]
     named = verdicts[verdicts["named"]]
     return named.sort_values("late_ms", ascending=False)[cols].reset_index(drop=True)
 

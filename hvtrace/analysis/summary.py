@@ -37,7 +37,9 @@ from hvtrace.analysis.stragglers import (
     find_stragglers,
     host_contention,
     mark_host_stragglers,
+    merge_episodes,
     slow_hosts,
+    straggler_episodes,
     straggler_table,
 )
 from hvtrace.analysis.whatif import add_costs, step_model, whatif_summary
@@ -151,6 +153,8 @@ def analyze_tables(
     tens = tensor_table(coll, size, skip_steps)
     sc = step_comm_table(st, size)
     verdicts = straggler_table(st, users, hosts, clock_uncertainty, skip_steps, config)
+    episodes = straggler_episodes(st, users, hosts, clock_uncertainty, skip_steps, config)
+    verdicts = merge_episodes(verdicts, episodes, st, skip_steps)
     hosts_df = slow_hosts(verdicts, st, skip_steps, config)
     verdicts = mark_host_stragglers(verdicts, hosts_df)
     named = find_stragglers(verdicts)
@@ -380,6 +384,8 @@ def analyze(
     a.summaries = summ
     a.run_dir = Path(run.run_dir)
     a.timing = str(h0.get("timing") or "")
+    fw = h0.get("framework")
+    a.framework = dict(fw) if isinstance(fw, dict) else {}
     a.clock = run.clock_summary()
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)

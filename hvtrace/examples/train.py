@@ -50,6 +50,24 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class CNN(nn.Module):
+    """A small convolutional net on the same 256-value inputs, seen as 1x16x16 images."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, channels, 3),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(2 * channels * 12 * 12, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.view(-1, 1, 16, 16))
+
+
 #: Whether injected delays are on now (``--slow-from-step`` turns them on at that step).
 DELAYS = {"on": True}
 
@@ -105,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=6)
+    p.add_argument(
+        "--model", choices=["mlp", "cnn"], default="mlp", help="an MLP (default) or a small CNN"
+    )
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--trace-dir", default=None, help="hvtrace trace directory (else $HVTRACE_DIR)")
@@ -316,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = hvd.rank()
     torch.manual_seed(args.seed + (rank if args.rank_seed else 0))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    core = MLP(args.width, args.layers)
+    core: nn.Module = CNN() if args.model == "cnn" else MLP(args.width, args.layers)
     on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
     slow = (rank == args.slow_rank or on_slow_host) and args.slow_ms > 0
     model: nn.Module = (

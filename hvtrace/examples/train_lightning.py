@@ -13,6 +13,12 @@ with ``--slow-ms`` and ``--slow-phase`` injects a known straggler: it sleeps in 
 collate function (``input``), in the module's ``forward`` (``forward``), or in a gradient hook of
 the first layer (``backward``). ``--val-every``, ``--ckpt-dir`` and ``--log-dir`` turn on
 validation, checkpointing and a CSV logger, so that their spans show.
+
+``val_loss`` is averaged across ranks with ``hvd.allreduce(..., op=hvd.Average)`` in
+``on_validation_epoch_end`` and logged there, so that ``ModelCheckpoint``, ``EarlyStopping`` and a
+plateau scheduler read the job's value: under ``strategy="horovod"`` pytorch-lightning 1.9's
+``self.log(..., sync_dist=True)`` averages nothing (it reduces only when ``torch.distributed`` is
+initialized, which Horovod does not do). ``--val-unsynced`` logs each rank's own instead.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--val-unsynced",
         action="store_true",
-        help="log val_loss without sync_dist: each rank's own, on its own validation shard",
+        help="log each rank's own val_loss (on its own validation shard), not the average",
     )
     return p.parse_args(argv)
 
@@ -79,7 +85,8 @@ def _module_class() -> type:
     import pytorch_lightning as pl
 
     class LitMLP(pl.LightningModule):
-        """:class:`MLP` with a cross-entropy loss, SGD with momentum, and a logged loss."""
+        """:class:`MLP` with a cross-entropy loss, SGD with momentum, and logged losses: the
+        validation loss averaged across ranks (``val_sync``), or each rank's own."""
 
         def __init__(
             self,
@@ -96,6 +103,7 @@ def _module_class() -> type:
             self.net = MLP(width, layers, IN_DIM)
             self.lr = lr
             self.slow_forward_s = slow_forward_s
+            self._val_losses: list[torch.Tensor] = []
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if self.slow_forward_s and torch.is_grad_enabled():
@@ -110,7 +118,22 @@ def _module_class() -> type:
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
-            self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=self.val_sync)
+            loss = F.cross_entropy(self(x), y)
+            if self.val_sync:
+                self._val_losses.append(loss.detach())
+            else:  # each rank's own mean over its own validation shard
+                self.log("val_loss", loss)
+
+        def on_validation_epoch_end(self) -> None:
+            """Log the validation loss averaged across ranks (every rank calls this): under
+            strategy="horovod", ``self.log(..., sync_dist=True)`` would average nothing."""
+            if not (self.val_sync and self._val_losses):
+                return
+            import horovod.torch as hvd
+
+            mean = torch.stack(self._val_losses).mean()
+            self._val_losses.clear()
+            self.log("val_loss", hvd.allreduce(mean, op=hvd.Average, name="val_loss"))
 
         def configure_optimizers(self) -> Any:
             opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)

@@ -164,7 +164,7 @@ def _outside_section(a: Analysis, w: int, max_rows: int = 8) -> list[str]:
         ("calls", 6, ">"),
         ("flight", 7, ">"),
         ("blocked", 7, ">"),
-        ("step", 5, ">"),
+        ("run", 5, ">"),
         ("last", 12, ">"),
     ]
     rows = [["", "", "", "", "ms", "ms", "", "rank (share)"]]
@@ -180,15 +180,17 @@ def _outside_section(a: Analysis, w: int, max_rows: int = 8) -> list[str]:
                 _num(x["count_per_step"], ".2g"),
                 _num(x["ms_per_step"]),
                 _num(x["blocked_ms_per_step"]),
-                _pct(x["step_share"]),
+                _pct(x["run_share"] if "run_share" in x else x["step_share"]),
                 last,
             ]
         )
     L += _table(headers, rows)
     L += wrap(
         "counted as communication (comm/comp, exposed time) and not as the phase they were "
-        "issued in. flight: enqueue to result; blocked: the training thread waiting in it; step: "
-        "blocked share of the median step; last: the rank that issued it last most often.",
+        "issued in. calls, flight and blocked are per step, averaged over the run (a call once "
+        "every 10 steps counts a tenth). flight: enqueue to result; blocked: the training thread "
+        "waiting in it; run: blocked share of the run's time; last: the rank that issued it last "
+        "most often.",
         w,
     )
     return L
@@ -611,7 +613,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     :func:`hvtrace.analysis.consistency.check`),
     ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
     ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
-    drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``.
+    drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``, ``framework`` (the
+    header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning, else empty).
     """
     from hvtrace import __version__
 
@@ -679,6 +682,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "timing": a.timing,
             "horovod_env": a.horovod_env,
             "optimizer": a.optimizer,
+            "framework": a.framework,
         }
     )
     return {

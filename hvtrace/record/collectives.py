@@ -9,7 +9,9 @@ and allreduces inside the forward and backward passes). Each call becomes one sp
 - ``name``: ``"<op>|<phase>|<tensor name>"``: the collective and its reduction (``allreduce.sum``,
   ``broadcast``, ``join``, ...), the step phase the training thread was in when it was issued
   (:meth:`hvtrace.record.optimizer.Tracer.phase_now`), and the name given to Horovod ("" when
-  none);
+  none; for a call Lightning's Horovod strategy makes for Lightning's own code, such as
+  ``ModelCheckpoint``'s broadcast, ``lightning:`` and the Lightning function that asked for it:
+  :func:`lightning_caller`);
 - ``start_ns``: the call (the enqueue); ``end_ns``: the blocking call's return, or for an
   ``_async`` call the return of the ``hvd.synchronize(handle)`` that waited for it (an upper
   bound of its completion, flag ``FLAG_END_UPPER_BOUND``);
@@ -37,14 +39,23 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from hvtrace.record.recorder import running_tracer
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, FLAG_OWN, KIND_CODE, dtype_name
+from hvtrace.schema import (
+    DTYPE_CODE,
+    FLAG_END_UPPER_BOUND,
+    FLAG_OWN,
+    KIND_CODE,
+    LIGHTNING_PREFIX,
+    dtype_name,
+)
 
 _K_COLL = KIND_CODE["collective"]
 _NAN = math.nan
@@ -54,6 +65,8 @@ MAX_PENDING = 4096
 MAX_NAME_CHARS = 200
 #: Names of hvtrace's own collectives start with this.
 OWN_PREFIX = "hvtrace."
+_PL_DIR = f"{os.sep}pytorch_lightning{os.sep}"
+_PL_STRATEGIES = f"{_PL_DIR}strategies{os.sep}"
 
 #: Collectives wrapped in ``horovod.torch``: name -> (op family, blocking, how to read it).
 #: ``reduce``: takes ``op=`` / ``average=``; ``grouped``: a list of tensors.
@@ -292,6 +305,8 @@ def _describe(
     pos = _NAME_POS.get(family)
     if name is None and pos is not None and len(args) > pos:
         name = args[pos]
+    if name is None:  # Lightning's Horovod strategy names none of its calls: name its caller
+        name = lightning_caller(sys._getframe(2))
     nbytes = 0
     dtype = 0
     for t in tensors:
@@ -308,6 +323,24 @@ def _describe(
         if len(_names) < MAX_NAMES:
             _names[key] = cached
     return tr.rec.step, cached[0], int(nbytes), dtype, cached[1]
+
+
+def lightning_caller(frame: Any) -> str | None:
+    """For an unnamed call made by Lightning's Horovod strategy (``HorovodStrategy.broadcast``:
+    ``hvd.broadcast_object``; ``reduce``: ``hvd.join`` then ``hvd.allreduce``; ``join``) on behalf
+    of Lightning's own code: ``lightning:`` and the qualified name of that code's function, the
+    first frame above the strategies (``lightning:ModelCheckpoint.file_exists``,
+    ``lightning:has_len_all_ranks``). None for any other caller, and when the user's own code
+    called the strategy (``self.trainer.strategy.reduce(x)``). ``frame``: the frame that called
+    the Horovod function. Costs a file-name test for unnamed calls from elsewhere."""
+    if frame is None or _PL_STRATEGIES not in frame.f_code.co_filename:
+        return None
+    while frame is not None and _PL_STRATEGIES in frame.f_code.co_filename:
+        frame = frame.f_back
+    if frame is None or _PL_DIR not in frame.f_code.co_filename:
+        return None
+    code = frame.f_code
+    return LIGHTNING_PREFIX + getattr(code, "co_qualname", code.co_name)
 
 
 #: Span names (and flags) by (op, phase, name given), so that a collective called every step

@@ -23,12 +23,15 @@ def build_header(
     timer: Any,
     counters: str,
     counters_derived_max_ns: int = 0,
+    framework: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the header of this rank's file.
 
     ``params``: the gradient tensors' parameters; ``timer``: the span timer (host or CUDA);
     ``counters``: how CPU time and run-queue wait are read (:class:`ThreadCounters.mode`);
-    ``counters_derived_max_ns``: :attr:`ThreadCounters.derived_max_ns`.
+    ``counters_derived_max_ns``: :attr:`ThreadCounters.derived_max_ns`; ``framework``: the
+    training framework that built the optimizer (``{"name": "pytorch_lightning", "version":
+    "1.9.5"}`` from :mod:`hvtrace.lightning`), None for a plain Horovod script.
     """
     mono = monotonic_ns()
     wall = time.time_ns()
@@ -67,6 +70,7 @@ def build_header(
             "grad_bytes": int(sum(p.numel() * p.element_size() for p in params)),
         },
         "model": type(model).__name__ if model is not None else None,
+        "framework": framework,
         "mono_anchor_ns": mono,
         "wall_anchor_ns": wall,
         "clock": {"method": "barrier-interval", "reference_rank": 0, "start": clock.to_dict()},

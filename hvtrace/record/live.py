@@ -19,7 +19,10 @@ On rank 0, a rank named in :data:`PERSIST_WINDOWS` windows in a row logs one lin
 
     hvtrace: rank 1 (host b) late 38.2 ms/step over steps 80-99: input, blocked; ~27% of step time
 
-and a logged rank that is then not named in as many windows in a row logs that it recovered.
+and a logged rank that is then not named in as many windows in a row logs that it recovered; a
+logged rank whose phase, cause or size changes (:func:`changed`) for as many windows logs the new
+verdict. A host short of CPU logs one line when that begins and one when it ends, and no rank
+is named for contention live (:func:`verdicts` says why).
 Each verdict is also passed to the callbacks registered with :func:`on_straggler` (on rank 0's
 judge thread, "hvtrace-judge"; an exception in one is logged, never raised), and written into
 rank 0's trace file (batch status key ``live``), so the analysis shows when each was first seen.
@@ -57,6 +60,10 @@ _ARRIVAL = N_COLS - 1
 #: named in as many (one window of a few dozen steps can name a rank by chance on a busy host).
 PERSIST_WINDOWS: Final = 2
 
+#: A verdict is decided on at least this many steps (the last windows together, when a window
+#: is shorter): fewer name noise on a busy host.
+MIN_DECISION_STEPS: Final = 20
+
 _callbacks: list[Callable[[dict[str, Any]], Any]] = []
 
 
@@ -64,10 +71,15 @@ def on_straggler(callback: Callable[[dict[str, Any]], Any]) -> None:
     """Call ``callback(verdict)`` on rank 0 when live detection names a straggler or sees one
     recover (off the training thread; exceptions are logged, never raised into training).
 
-    ``verdict``: a dict with ``event`` (``"late"`` or ``"recovered"``), ``rank``, ``host``,
+    ``verdict``: a dict with ``event`` (``"late"``; ``"changed"`` when a logged rank's phase,
+    cause or size changed for :data:`PERSIST_WINDOWS` windows; ``"recovered"``), ``rank``,
+    ``host``,
     ``first_step`` / ``last_step`` (the window), ``late_ms`` (median lateness per step),
     ``phase`` and ``cause`` (as :func:`hvtrace.analysis.stragglers.straggler_table` names them),
     ``phase_excess_ms`` and ``step_share`` (lateness over the window's median step time).
+    A host short of CPU is an event of its own (``"contended"``, then ``"uncontended"``; ``rank``
+    None, ``work_share``: its ranks' run-queue wait over their time outside synchronize): no
+    rank is named for contention live (see :func:`verdicts`).
     """
     _callbacks.append(callback)
 
@@ -162,8 +174,20 @@ def step_frame(gathered: np.ndarray, size: int) -> Any:
 
 
 def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dict[str, Any]]:
-    """The stragglers of one window, as the offline analysis decides (host-timed thresholds)."""
-    from hvtrace.analysis.stragglers import StragglerConfig, find_stragglers, straggler_table
+    """The verdicts of one window, as the offline analysis decides (host-timed thresholds).
+
+    Stragglers (one dict per rank named) and hosts short of CPU (``kind`` ``"host"``: as
+    :func:`hvtrace.analysis.stragglers.host_contention` decides). A rank named for contention
+    is not a rank verdict: over a window of steps, on a host short of CPU, whichever rank is
+    behind waits for a CPU while its peers spin in their wait for it, and the next window it
+    may be another rank; the offline analysis, over the whole run, names a rank whose CPU is
+    taken away all along (a neighbour pinned to its core). Live, its host is named instead."""
+    from hvtrace.analysis.stragglers import (
+        StragglerConfig,
+        find_stragglers,
+        host_contention,
+        straggler_table,
+    )
 
     st = step_frame(gathered, size)
     if st.empty:
@@ -171,23 +195,54 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
     cfg = StragglerConfig.for_timing("host_monotonic")
     named = find_stragglers(straggler_table(st, None, hosts, None, 0, cfg))
     med_step_ms = float(st["step_ns"].median()) / 1e6
+    first, last = int(st["step"].min()), int(st["step"].max())
     out = []
+    contended: dict[str, dict[str, Any]] = {}
+    for h in host_contention(st, 0, {r: hosts.get(r, "?") for r in range(size)}).itertuples():
+        if h.short:
+            contended[str(h.host)] = {
+                "kind": "host",
+                "host": str(h.host),
+                "first_step": first,
+                "last_step": last,
+                "work_share": round(float(h.work_share), 4),
+                "runq_ms": round(float(h.runq_ms), 3),
+            }
     for _, v in named.iterrows():
         late = float(v["late_ms"]) if np.isfinite(v["late_ms"]) else 0.0
+        cause = str(v.get("cause", "") or "")
+        if cause == "contention":
+            host = str(v["host"])
+            contended.setdefault(
+                host,
+                {"kind": "host", "host": host, "first_step": first, "last_step": last,
+                 "work_share": None, "runq_ms": None},
+            )  # fmt: skip
+            continue
         out.append(
             {
                 "rank": int(v["rank"]),
                 "host": str(v["host"]),
-                "first_step": int(st["step"].min()),
-                "last_step": int(st["step"].max()),
+                "first_step": first,
+                "last_step": last,
                 "late_ms": round(late, 3),
                 "phase": str(v["phase"]),
-                "cause": str(v.get("cause", "") or ""),
+                "cause": cause,
                 "phase_excess_ms": round(float(v["phase_excess_ms"]), 3),
                 "step_share": round(late / med_step_ms, 4) if med_step_ms > 0 else None,
             }
         )
-    return out
+    return out + list(contended.values())
+
+
+def changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a rank's verdict changed materially since it was logged: another phase or cause,
+    or a lateness that moved by more than half (and by more than the host-timed noise floor)."""
+    if (old.get("phase"), old.get("cause")) != (new.get("phase"), new.get("cause")):
+        return True
+    a, b = old.get("late_ms") or 0.0, new.get("late_ms") or 0.0
+    floor_ms = 2.0  # stragglers.CPU_NOISE_FLOOR_NS, not imported on the training side
+    return abs(b - a) > max(0.5 * max(a, b), floor_ms)
 
 
 #: Steps whose entries the training thread hands to the live thread at a time; the live thread
@@ -256,9 +311,7 @@ class LiveMonitor:
         self.window: list[list] = []  # entries of the steps not yet handed over
         self.in_window = 0  # steps of the current window so far
         self.windows_sent = 0
-        self.named: dict[int, dict[str, Any]] = {}
-        self.streak: dict[int, int] = {}  # windows in a row a rank was named in
-        self.clear: dict[int, int] = {}  # windows in a row it was not
+        self.init_verdicts()
         #: Rank 0 judges in a child process (False: in this one; tests).
         self.use_process = True
         self._judge_proc: Any = None
@@ -270,6 +323,17 @@ class LiveMonitor:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="hvtrace-live", daemon=True)
         self._thread.start()
+
+    def init_verdicts(self) -> None:
+        """The judge's memory of what it logged (rank 0), empty."""
+        self.named: dict[int, dict[str, Any]] = {}  # ranks logged late, with what was logged
+        self.streak: dict[int, int] = {}  # windows in a row a rank was named in
+        self.clear: dict[int, int] = {}  # windows in a row it was not
+        self.moved: dict[int, int] = {}  # windows in a row its verdict differed from the logged
+        self.contended: dict[str, dict[str, Any]] = {}  # hosts logged short of CPU
+        self.host_streak: dict[str, int] = {}
+        self.host_clear: dict[str, int] = {}
+        self.recent: deque[tuple[np.ndarray, int]] = deque()  # see _decided_on
 
     def on_step(self, rows: list) -> None:
         """Hot path: keep a reference to the step's entries; hand them over every
@@ -442,30 +506,74 @@ class LiveMonitor:
             raise RuntimeError(f"the live judge failed: {res.get('error')}")
         return res
 
+    def _decided_on(self, gathered: np.ndarray, size: int) -> np.ndarray:
+        """The steps a verdict is decided on: this window, and the windows just before it while
+        it has fewer than :data:`MIN_DECISION_STEPS` steps (``HVTRACE_LIVE_EVERY=10`` decides
+        on the last 20 steps every 10: over ten steps, one slow step on a busy host is a share
+        of 10 %)."""
+        recent = self.recent
+        per = gathered.reshape(size, -1, gathered.shape[1])
+        n = int(np.isfinite(per[:, :, 0]).sum(axis=1).max()) if per.size else 0
+        if n == 0 or (recent and recent[-1][0].shape[0] != size):
+            recent.clear()  # no steps (recording off), or the world changed size (elastic)
+        if n == 0:
+            return gathered
+        recent.append((per, n))
+        while len(recent) > 1 and sum(k for _, k in recent) - recent[0][1] >= MIN_DECISION_STEPS:
+            recent.popleft()
+        if len(recent) == 1:
+            return gathered
+        both = np.concatenate([p for p, _ in recent], axis=1)
+        return both.reshape(-1, gathered.shape[1])
+
     def _judge(self, gathered: np.ndarray, size: int) -> None:
+        """One window's verdicts into events, with hysteresis: a rank is logged late once named
+        in :data:`PERSIST_WINDOWS` windows in a row, logged again (``changed``) when its phase,
+        cause or size differs from what was logged in as many windows in a row, and recovered
+        when not named in as many; a host likewise is logged short of CPU (``contended``) and
+        then ``uncontended``."""
+        gathered = self._decided_on(gathered, size)
         found = (
             self._ask_judge(gathered, size)
             if self.use_process
             else verdicts(gathered, size, self.hosts)
         )
-        now = {v["rank"]: v for v in found}
+        now = {v["rank"]: v for v in found if v.get("kind", "rank") == "rank"}
+        hosts_now = {v["host"]: v for v in found if v.get("kind") == "host"}
         steps = gathered[:, 0]
         steps = steps[np.isfinite(steps)]  # no steps at all where no rank recorded (all NaN)
         first, last = (int(steps.min()), int(steps.max())) if steps.size else (None, None)
-        # consistently: named (or not) in PERSIST_WINDOWS windows in a row
+        events = []
+        # ranks: named (or not) in PERSIST_WINDOWS windows in a row
         for r in set(self.streak) | set(now):
             self.streak[r] = self.streak.get(r, 0) + 1 if r in now else 0
             self.clear[r] = 0 if r in now else self.clear.get(r, 0) + 1
-        events = []
+            moved = r in now and r in self.named and changed(self.named[r], now[r])
+            self.moved[r] = self.moved.get(r, 0) + 1 if moved else 0
         for r, v in now.items():
             if r not in self.named and self.streak[r] >= PERSIST_WINDOWS:
                 self.named[r] = v
                 events.append(dict(v, event="late"))
+            elif r in self.named and self.moved[r] >= PERSIST_WINDOWS:
+                self.named[r] = v
+                self.moved[r] = 0
+                events.append(dict(v, event="changed"))
         for r in [r for r in self.named if self.clear.get(r, 0) >= PERSIST_WINDOWS]:
             v = self.named.pop(r)
             events.append(
                 dict(v, event="recovered", first_step=first, last_step=last, late_ms=None)
             )
+        # hosts short of CPU: one line when it begins, one when it ends
+        for h in set(self.host_streak) | set(hosts_now):
+            self.host_streak[h] = self.host_streak.get(h, 0) + 1 if h in hosts_now else 0
+            self.host_clear[h] = 0 if h in hosts_now else self.host_clear.get(h, 0) + 1
+        for h, v in hosts_now.items():
+            if h not in self.contended and self.host_streak[h] >= PERSIST_WINDOWS:
+                self.contended[h] = v
+                events.append(dict(v, event="contended", rank=None))
+        for h in [h for h in self.contended if self.host_clear.get(h, 0) >= PERSIST_WINDOWS]:
+            v = self.contended.pop(h)
+            events.append(dict(v, event="uncontended", rank=None, first_step=first, last_step=last))
         for e in events:
             log.warning("%s", line(e))
             rec = self.tracer.rec
@@ -481,14 +589,25 @@ class LiveMonitor:
 
 def line(e: dict[str, Any]) -> str:
     """The log line of a live verdict."""
-    who = f"rank {e['rank']} (host {e['host']})"
     steps = f"steps {e['first_step']}-{e['last_step']}"
+    if e["event"] == "contended":
+        share = e.get("work_share")
+        how = (
+            f": its ranks wait for a CPU {share:.0%} of their time outside synchronize"
+            if share is not None
+            else ""
+        )
+        return f"hvtrace: host {e['host']} is short of CPU over {steps}{how} (no rank named)"
+    if e["event"] == "uncontended":
+        return f"hvtrace: host {e['host']} no longer short of CPU over {steps}"
+    who = f"rank {e['rank']} (host {e['host']})"
     if e["event"] == "recovered":
         return f"hvtrace: {who} no longer late over {steps}"
     why = e["phase"] + (f", {e['cause']}" if e.get("cause") else "")
     share = e.get("step_share")
     tail = f"; ~{share:.0%} of step time" if share is not None else ""
-    return f"hvtrace: {who} late {e['late_ms']:.1f} ms/step over {steps}: {why}{tail}"
+    now = "now " if e["event"] == "changed" else ""
+    return f"hvtrace: {who} {now}late {e['late_ms']:.1f} ms/step over {steps}: {why}{tail}"
 
 
 #: Most live events kept per file (a flapping rank cannot grow the status without bound).
@@ -504,7 +623,8 @@ def merge_live(old: Any, new: Any) -> list[dict[str, Any]]:
         for e in x if isinstance(x, list) else []:
             if not isinstance(e, dict):
                 continue
-            key = (str(e.get("event")), str(e.get("rank")), str(e.get("first_step")))
+            key = (str(e.get("event")), str(e.get("rank")), str(e.get("host")),
+                   str(e.get("first_step")))  # fmt: skip
             if key in seen or len(out) >= MAX_EVENTS:
                 continue
             seen.add(key)

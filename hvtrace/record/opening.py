@@ -92,12 +92,14 @@ def open_recording(
     clock: ClockEstimate,
     opts: TraceOptions,
     membership: Membership | None = None,
+    framework: dict[str, Any] | None = None,
 ) -> Recording:
     """Set up the recording of the optimizer ``dist`` on this rank: look up Horovod's internals,
     make the timer and the counters, build the header and create the :class:`Recorder`.
 
     ``membership``: what the set-up collective agreed (:func:`hvtrace.record.elastic.
     setup_gather`), else a membership of one generation with every rank as its own worker.
+    ``framework``: the header's ``framework`` (:func:`hvtrace.record.header.build_header`).
     Raises what fails; a file that cannot be opened is not a failure (the recorder is disabled).
     """
     import torch
@@ -120,6 +122,7 @@ def open_recording(
         timer,
         counters.mode,
         counters_derived_max_ns=counters.derived_max_ns,
+        framework=framework,
     )
     rank = hvd.rank()
     if membership is None:

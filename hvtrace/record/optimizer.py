@@ -156,6 +156,7 @@ def trace_optimizer(
     clock_rounds: int = 8,
     horovod_timeline: bool | None = None,
     consistency_every: int | None = None,
+    framework: dict[str, Any] | None = None,
 ) -> Tracer | None:
     """Attach a :class:`Tracer` to ``dist``, a Horovod distributed optimizer built already.
 
@@ -163,7 +164,9 @@ def trace_optimizer(
     builds it elsewhere (PyTorch Lightning's Horovod strategy, :mod:`hvtrace.lightning`): the
     clock handshake (a collective: call it on every rank, at the same point), then the tracer.
     The options are those of :func:`DistributedOptimizer`; ``model`` is anything with
-    ``register_forward_pre_hook`` / ``register_forward_hook`` (a module), or None.
+    ``register_forward_pre_hook`` / ``register_forward_hook`` (a module), or None; ``framework``
+    names the framework that built ``dist`` in the file's header (``{"name":
+    "pytorch_lightning", "version": "1.9.5"}``), so that the analysis advises what works there.
 
     Returns the tracer, the one already attached if ``dist`` is traced, or None when not tracing
     (``HVTRACE=0``, an optimizer hvtrace cannot trace, a failed handshake or set-up: each but the
@@ -202,7 +205,9 @@ def trace_optimizer(
         run_id = membership.run_id
     recording = None
     try:
-        recording = open_recording(dist, model, hvd, run_id, clock, opts, membership)
+        recording = open_recording(
+            dist, model, hvd, run_id, clock, opts, membership, framework=framework
+        )
         tracer = Tracer(dist, model, hvd, recording, opts.clock_rounds)
     except Exception as exc:  # noqa: BLE001
         _warn(f"hvtrace: could not start tracing ({type(exc).__name__}: {exc}); not tracing")

@@ -249,7 +249,7 @@ JSON_VALUES = st.recursive(
 HEADER_FIELDS = [
     "run_id", "rank", "size", "host", "pid", "mono_anchor_ns", "wall_anchor_ns", "clock",
     "boot_id", "timing", "device", "horovod_env", "optimizer", "model", "local_rank",
-    "format", "version",
+    "format", "version", "framework",
 ]  # fmt: skip
 
 

@@ -238,3 +238,65 @@ def test_findings_ignore_a_malformed_consistency_dict(bad) -> None:
     a = _analyze(_consistent())
     a.consistency = {"divergences": [{"what": "lr", "step": bad}]}
     assert consistency.divergence_findings(a) == []
+
+
+# -- advice that fits the stack --------------------------------------------------------------------
+def _only_says_sync_dist_is_a_no_op(msg: str) -> bool:
+    """Every mention of sync_dist says it averages nothing (none recommends it)."""
+    return msg.count("sync_dist") == msg.count("sync_dist=True) averages nothing")
+
+
+def test_lightning_metric_advice_says_sync_dist_averages_nothing_and_names_hvd_allreduce() -> None:
+    rows = _consistent()
+    for r in range(2):
+        rows.append((r, 9, "hvtrace.monitor|val_loss", 1.25 + r / 100, FLAG_AGREE))
+        rows.append((r, 9, "hvtrace.metric|val_loss", 1.25 + r / 100, FLAG_AGREE))
+    a = _analyze(rows)
+    for f in (_divs(a, "values")[0], _divs(a, "metrics")[0]):
+        assert _only_says_sync_dist_is_a_no_op(f.message), f.message
+        assert "sync_dist=True) averages nothing" in f.message, f.message
+        assert "hvd.allreduce(value, op=hvd.Average)" in f.message, f.message
+        assert "torch.distributed is initialized" in f.message, f.message
+    assert a.lightning == ""  # the metric rows only hvtrace.lightning records
+    # with the header's framework, the version is named
+    a.framework = {"name": "pytorch_lightning", "version": "1.9.5"}
+    (mon,) = [f for f in consistency.divergence_findings(a) if f.data["what"] == "values"]
+    assert "pytorch-lightning 1.9.5 reduces a logged value only when" in mon.message
+
+
+def test_lightning_lr_divergence_does_not_recommend_sync_dist() -> None:
+    lr = {(1, s): 0.05 for s in range(12, 20)}
+    rows = _consistent(lr=lr) + [(r, 3, "hvtrace.metric|loss", 1.0, FLAG_AGREE) for r in (0, 1)]
+    a = _analyze(rows)
+    (d,) = _divs(a, "lr")
+    assert _only_says_sync_dist_is_a_no_op(d.message), d.message
+    assert "hvd.allreduce(value, op=hvd.Average)" in d.message
+    assert a.lightning == ""
+
+
+def test_a_run_not_known_to_be_lightning_is_not_told_about_sync_dist() -> None:
+    lr = {(1, s): 0.05 for s in range(12, 20)}
+    rows = _consistent(lr=lr)
+    for r in range(2):
+        for s in range(20):
+            rows.append((r, s, "epoch", s // 5 + (r if s >= 8 else 0), FLAG_AGREE))
+    a = _analyze(rows)
+    ds = _divs(a)
+    assert {f.data["what"] for f in ds} == {"lr", "values"}
+    for f in ds:
+        assert "sync_dist" not in f.message and "Lightning" not in f.message, f.message
+        assert "hvd.allreduce(value, op=hvd.Average)" in f.message, f.message
+    assert a.lightning is None
+
+
+def test_the_message_says_how_many_differing_names_and_ranks_it_leaves_out() -> None:
+    rows = _consistent(ranks=6)
+    names = [f"m{i}" for i in range(6)]
+    for r in range(6):
+        for n in names:
+            rows.append((r, 4, f"hvtrace.metric|{n}", float(r), FLAG_AGREE))
+    a = _analyze(rows, ranks=6)
+    (d,) = _divs(a, "metrics")
+    assert d.data["names"] == names
+    assert "m0: rank 0 0, rank 1 1, rank 2 2, rank 3 3 (and 2 more ranks)" in d.message
+    assert "and 3 more (m3, m4, m5)" in d.message, d.message

@@ -129,9 +129,9 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
     live.on_straggler(lambda v: 1 / 0)  # a broken callback is logged, never raised
     rec = SimpleNamespace(enabled=True, live_events=[])
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
-    mon.tracer, mon.hosts, mon.named = SimpleNamespace(rec=rec), {0: "a", 1: "b"}, {}
+    mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "b"}
+    mon.init_verdicts()
     mon.use_process, mon._judge_proc, mon._judge_q = use_process, None, None
-    mon.streak, mon.clear = {}, {}
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
         for first, slow in ((20, 20.0), (40, 0.0), (60, 20.0), (80, 20.0), (100, 20.0)):
             mon._judge(np.vstack([_window(0.0, first), _window(slow, first)]), 2)
@@ -163,9 +163,9 @@ def test_windows_where_no_rank_recorded_a_step_are_judged_without_error(monkeypa
     NaN; a window of them names nobody and stops nothing, and a rank named before recovers."""
     rec = SimpleNamespace(enabled=True, live_events=[])
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
-    mon.tracer, mon.hosts, mon.named = SimpleNamespace(rec=rec), {0: "a", 1: "b"}, {}
+    mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "b"}
+    mon.init_verdicts()
     mon.use_process, mon._judge_proc, mon._judge_q = False, None, None
-    mon.streak, mon.clear = {}, {}
     for first in (20, 40):
         mon._judge(np.vstack([_window(0.0, first), _window(20.0, first)]), 2)
     assert [e["event"] for e in rec.live_events] == ["late"]

@@ -1,0 +1,257 @@
+"""Verdicts a user can trust (issue 45), on hand-made runs: a fault that begins mid-run is named
+with the step it began, contention for a stretch is the host's and not a rank's, rank 0's
+blocking work is a finding only when its cost stands out of the noise, and live verdicts follow
+what changes and name a contended host instead of a rank."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from analysis_frames import MS, synth_spans
+
+from hvtrace.analysis import analyze_spans, step_table, user_table
+from hvtrace.analysis.findings import _rank0_blocking
+from hvtrace.analysis.stragglers import StragglerConfig, straggler_episodes
+from hvtrace.record import live
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_rank_slow_from_mid_run_is_named_with_the_step_it_began(ranks: int) -> None:
+    """Rank 1 sleeps 12 ms in forward from step 120 of 200: last in 60 % of the steps, under the
+    whole-run share a 2-rank job needs (75 %); the episode names it, from step 120 (+-2)."""
+    df = synth_spans(ranks=ranks, steps=200, slow_ranks=(1,), slow_ms=12.0, noise=0.1,
+                     slow_from_step=120, seed=3)  # fmt: skip
+    a = analyze_spans(df)
+    assert a.stragglers["rank"].tolist() == [1], a.verdicts.to_string()
+    s = a.stragglers.iloc[0]
+    assert s["phase"] == "forward"
+    assert abs(int(s["from_step"]) - 120) <= 2
+    assert pd.isna(s["to_step"])  # slow to the end
+    f = next(f for f in a.findings if f.kind == "straggler")
+    assert "(from step" in f.message and f.data["from_step"] == int(s["from_step"])
+
+
+def test_a_stretch_of_slowness_that_ends_has_both_ends() -> None:
+    df = synth_spans(ranks=2, steps=200, slow_ranks=(1,), slow_ms=12.0, noise=0.1,
+                     slow_from_step=60, seed=4)  # fmt: skip
+    # the slowdown ends at step 140: keep steps >= 140 from a clean run of the same shape
+    clean = synth_spans(ranks=2, steps=200, noise=0.1, seed=4)
+    late = df[df["step"] < 140]
+    # move the clean tail after the slow head on the clock, as one run
+    shift = int(late["end_ns"].max() - clean.loc[clean["step"] == 140, "start_ns"].min()) + MS
+    tail = clean[clean["step"] >= 140].copy()
+    tail["start_ns"] += shift
+    tail["end_ns"] += shift
+    run = pd.concat([late, tail], ignore_index=True)
+    run["name"] = run["name"].astype("category")
+    eps = straggler_episodes(step_table(run), user_table(run), skip_steps=1)
+    assert eps["rank"].tolist() == [1]
+    e = eps.iloc[0]
+    assert abs(int(e["first_step"]) - 60) <= 2 and abs(int(e["last_step"]) - 139) <= 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_balanced_run_has_no_episode(seed: int) -> None:
+    df = synth_spans(ranks=2, steps=200, noise=0.15, seed=seed)
+    a = analyze_spans(df)
+    assert a.stragglers.empty, a.verdicts.to_string()
+    assert straggler_episodes(step_table(df), user_table(df)).empty
+
+
+def _steps_with_contention(n: int = 200) -> pd.DataFrame:
+    """A balanced run's step table in which, for a stretch of steps, whichever rank is behind
+    waits for a CPU: rank 0 in steps 40-90, rank 1 in steps 120-170 (a host short of CPU)."""
+    df = synth_spans(ranks=2, steps=n, noise=0.05, seed=1)
+    st = step_table(df)
+    for c in [c for c in st.columns if c.endswith(("_cpu_ns", "_runq_ns"))]:
+        st[c] = 0
+    for p in ("input", "forward", "backward", "update", "wait", "step"):
+        st[f"{p}_cpu_ns"] = st[f"{p}_ns"]
+        st[f"{p}_runq_ns"] = 0
+    for r, (lo, hi) in ((0, (40, 90)), (1, (120, 170))):
+        m = (st["rank"] == r) & st["step"].between(lo, hi)
+        st.loc[m, "backward_ns"] += 15 * MS
+        st.loc[m, "backward_runq_ns"] += 15 * MS
+        st.loc[m, "lateness_ns"] = 15 * MS
+        st.loc[m, "is_last"] = True
+        st.loc[(st["rank"] != r) & st["step"].between(lo, hi), "is_last"] = False
+    return st
+
+
+def test_contention_for_a_stretch_is_the_hosts_not_a_ranks() -> None:
+    st = _steps_with_contention()
+    assert straggler_episodes(st, None, {0: "h", 1: "h"}).empty
+
+
+def _synth_rank0_input(extra_ms: np.ndarray, seed: int = 0, n: int = 120) -> SimpleNamespace:
+    """What _rank0_blocking reads: a 2-rank step table whose rank 0 input gap is 2 ms plus
+    ``extra_ms[step]`` (rank 1: 2 ms), each with 0.6 ms of noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(n):
+        for r in (0, 1):
+            gap = 2.0 + rng.normal(0, 0.6) + (extra_ms[s] if r == 0 else 0.0)
+            rows.append({"rank": r, "step": s, "input_ns": gap * MS, "step_ns": 30.0 * MS,
+                         "complete": True})  # fmt: skip
+    st = pd.DataFrame(rows)
+    verdicts = pd.DataFrame({"rank": [0, 1], "named": [False, False], "last_share": [0.5, 0.5],
+                             "late_ms": [0.0, 0.0]})  # fmt: skip
+    return SimpleNamespace(
+        ranks=[0, 1], steps=st, skip_steps=1, verdicts=verdicts,
+        user_per_rank=pd.DataFrame(columns=["rank", "name", "mean_ms"]),
+    )  # fmt: skip
+
+
+def test_rank0_noise_around_zero_is_not_blocking_work() -> None:
+    """The old rule summed only the positive excesses (9 % of the run on jobs whose rank 0 had
+    the shorter gap); the mean of a correct job's excesses is zero within its noise."""
+    for seed in range(5):
+        a = _synth_rank0_input(np.zeros(120), seed)
+        assert _rank0_blocking(a, StragglerConfig()) == []
+
+
+def test_rank0_work_every_n_steps_is_named_with_what_it_costs() -> None:
+    extra = np.zeros(120)
+    extra[::10] = 40.0  # a 40 ms checkpoint every 10 steps: median excess 0, mean 4 ms
+    a = _synth_rank0_input(extra)
+    (f,) = _rank0_blocking(a, StragglerConfig())
+    assert f.kind == "rank0_blocking"
+    assert f.data["lost_ms_per_step"] == pytest.approx(4.0, abs=0.5)
+    assert f.data["lost_share"] == pytest.approx(4.0 / 30.0, abs=0.02)
+    assert "about every 10 steps" in f.message and "ms per step" in f.message
+
+
+# -- live ---------------------------------------------------------------------------------------
+def _step_rows(step: int, t0: int, ms: dict[str, float]) -> list:
+    """What the tracer hands the live thread for one step (phase rows, one synchronize)."""
+    from hvtrace.record.rows import Allreduces
+    from hvtrace.schema import KIND_CODE
+
+    def row(kind: str, s: int, e: int) -> tuple:
+        return (step, 0, KIND_CODE[kind], kind, s, e, 0, 0, np.nan, 0, s, e)
+
+    t, out = t0, []
+    for kind in ("input", "forward", "backward"):
+        d = int(ms.get(kind, 0.0) * MS)
+        out.append(row(kind, t, t + d))
+        t += d
+    out.append(Allreduces(step, 0, 2, [(t - MS, 1, 7)], [], t + 3 * MS, {}))
+    out += [row("wait", t, t + 4 * MS), row("update", t + 4 * MS, t + 5 * MS)]
+    out.append(row("step", t0, t + 5 * MS))
+    return out
+
+
+def _window(first: int, ms: dict[str, float], n: int = 20, seed: int = 0) -> np.ndarray:
+    """A rank's window of ``n`` steps from ``first``: phases of ``ms``, each +-0.5 ms (no two
+    ranks tie, as on a real host)."""
+    rng = np.random.default_rng([first, seed, int(sum(ms.values()))])
+    rows, t = [], 10_000 * MS
+    for s in range(first, first + n):
+        jit = {k: v + float(rng.uniform(-0.5, 0.5)) for k, v in ms.items()}
+        rows.append(_step_rows(s, t, jit))
+        t += 100 * MS
+    return live.step_matrix(rows, 0)
+
+
+def _monitor() -> tuple[live.LiveMonitor, SimpleNamespace]:
+    rec = SimpleNamespace(enabled=True, live_events=[])
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "a"}
+    mon.init_verdicts()
+    mon.use_process, mon._judge_proc, mon._judge_q = False, None, None
+    return mon, rec
+
+
+BASE = {"input": 2.0, "forward": 10.0, "backward": 10.0}
+
+
+def test_a_live_verdict_is_logged_again_when_its_phase_changes(monkeypatch, caplog) -> None:
+    """Rank 1 late in forward, then (from step 80) in input instead: the new verdict is logged
+    once it holds for two windows, and passed to on_straggler."""
+    got: list[dict] = []
+    monkeypatch.setattr(live, "_callbacks", [got.append])
+    mon, rec = _monitor()
+    slow_fwd = dict(BASE, forward=30.0)
+    slow_in = dict(BASE, input=30.0)
+    with caplog.at_level(logging.WARNING, logger="hvtrace"):
+        for first, ms in ((20, slow_fwd), (40, slow_fwd), (60, slow_fwd), (80, slow_in),
+                          (100, slow_in), (120, slow_in)):  # fmt: skip
+            mon._judge(np.vstack([_window(first, BASE), _window(first, ms)]), 2)
+    assert [e["event"] for e in got] == ["late", "changed"]
+    assert got[0]["phase"] == "forward" and got[1]["phase"] == "input"
+    assert got[1]["first_step"] == 100  # the second window in a row that says input
+    assert "rank 1 (host a) now late" in caplog.text
+    assert [e["event"] for e in rec.live_events] == ["late", "changed"]
+
+
+def test_a_live_verdict_of_the_same_size_and_phase_is_not_logged_again(monkeypatch) -> None:
+    got: list[dict] = []
+    monkeypatch.setattr(live, "_callbacks", [got.append])
+    mon, _ = _monitor()
+    for i, extra in enumerate((20.0, 21.0, 19.0, 22.0, 20.5)):
+        ms = dict(BASE, forward=10.0 + extra)
+        mon._judge(np.vstack([_window(20 * i, BASE), _window(20 * i, ms)]), 2)
+    assert [e["event"] for e in got] == ["late"]
+
+
+def test_live_contention_names_the_host_once_per_episode_and_no_rank(monkeypatch) -> None:
+    """Whichever rank is behind on a host short of CPU waits for one: live logs the host, once
+    when it begins and once when it ends, and names no rank."""
+    got: list[dict] = []
+    monkeypatch.setattr(live, "_callbacks", [got.append])
+    verdicts = []
+    for i in range(8):
+        contended = 1 <= i <= 5
+        out = []
+        if contended:
+            out.append({"kind": "host", "host": "a", "first_step": 20 * i,
+                        "last_step": 20 * i + 19, "work_share": 0.4, "runq_ms": 10.0})  # fmt: skip
+        verdicts.append(out)
+    it = iter(verdicts)
+    monkeypatch.setattr(live, "verdicts", lambda g, size, hosts: next(it))
+    mon, _ = _monitor()
+    for i in range(8):
+        mon._judge(np.vstack([_window(20 * i, BASE), _window(20 * i, BASE)]), 2)
+    assert [(e["event"], e["host"], e["rank"]) for e in got] == [
+        ("contended", "a", None),
+        ("uncontended", "a", None),
+    ]
+    assert got[0]["first_step"] == 40 and "short of CPU" in live.line(got[0])
+
+
+def test_a_window_that_names_a_rank_for_contention_names_its_host_instead(monkeypatch) -> None:
+    """live.verdicts turns a contention-caused straggler into a host verdict."""
+    import hvtrace.analysis.stragglers as stragglers
+
+    real = stragglers.straggler_table
+
+    def contended(*args: object) -> pd.DataFrame:
+        t = real(*args)
+        t.loc[t["rank"] == 1, "cause"] = "contention"
+        return t
+
+    monkeypatch.setattr(stragglers, "straggler_table", contended)
+    g = np.vstack([_window(20, BASE), _window(20, dict(BASE, forward=30.0))])
+    out = live.verdicts(g, 2, {0: "a", 1: "a"})
+    assert [v.get("kind", "rank") for v in out] == ["host"] and out[0]["host"] == "a"
+    monkeypatch.setattr(stragglers, "straggler_table", real)
+    assert [v["rank"] for v in live.verdicts(g, 2, {0: "a", 1: "a"})] == [1]
+
+
+def test_short_live_windows_are_decided_on_twenty_steps(monkeypatch) -> None:
+    """HVTRACE_LIVE_EVERY=10: each decision covers the last 20 steps (two windows), so a rank
+    slow from step 40 is logged once two such decisions in a row name it, over steps 50-69."""
+    got: list[dict] = []
+    monkeypatch.setattr(live, "_callbacks", [got.append])
+    mon, _ = _monitor()
+    slow = dict(BASE, forward=30.0)
+    for first in range(0, 80, 10):
+        ms = slow if first >= 40 else BASE
+        mon._judge(np.vstack([_window(first, BASE, 10), _window(first, ms, 10, 1)]), 2)
+    assert [(e["event"], e["rank"]) for e in got] == [("late", 1)]
+    assert (got[0]["first_step"], got[0]["last_step"]) == (50, 69)
+    assert len(mon.recent) == 2
