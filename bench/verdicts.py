@@ -344,6 +344,12 @@ def score_live(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> dict[
             return {**res, "score": "false_alarm", "evidence": [_short(e) for e in late[:3]]}
         # a host short of CPU is a measurement of the host (its lines are counted, not scored)
         return {**res, "score": "clean" if exp is None else "n/a", "evidence": []}
+    if exp["cause"] == "contention":
+        # live names no rank for contention, by design (hvtrace.record.live.verdicts): the host
+        # short of CPU is what it can say; the rank is named by the analysis
+        if late:
+            return {**res, "score": "wrong", "evidence": [_short(e) for e in late[:3]]}
+        return {**res, "score": "host_named" if host_lines else "missed", "evidence": []}
     want = {"rank": exp["rank"], "phases": exp["phases"], "cause": exp["cause"]}
     hits = [e for e in late if _matches(e, want)]
     others = [e for e in late if e.get("rank") != exp["rank"]]

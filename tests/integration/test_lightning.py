@@ -224,3 +224,17 @@ def test_hvtrace_0_is_a_no_op(tmp_path_factory, untraced: Job) -> None:
     # not change the parameters
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+# -- (d) a correct job gets no warning about what it does right --------------------------------
+def test_a_correct_lightning_job_gets_no_false_verdict(traced: Job) -> None:
+    """val_loss averaged with hvd.allreduce, a checkpoint at each validation: no straggler, no
+    blocking work on rank 0, no divergence warning, and no advice to log with sync_dist (a no-op
+    under Horovod) or to run a once-per-validation collective 'every N steps'."""
+    a = analyze(load_run(traced.trace_dir))
+    msgs = [f"{f.severity} {f.kind}: {f.message}" for f in a.findings]
+    warned = {f.kind for f in a.findings if f.severity == "warning"}
+    assert not warned & {"straggler", "slow_host", "rank0_blocking", "divergence"}, msgs
+    assert not any("sync_dist=True" in m and "averages nothing" not in m for m in msgs), msgs
+    outside = [f for f in a.findings if f.kind in ("collective_cost", "collective_wait")]
+    assert not any("every N steps" in f.message for f in outside), msgs

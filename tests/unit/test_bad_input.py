@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -227,11 +228,13 @@ def test_directory_cases(tmp_path: Path, capsys) -> None:
     assert rc == 0 and "rank(s) 1, 2" in out + err
 
 
-def test_zz_print_case_count() -> None:
-    """Print how many damaged inputs the tests above tried (runs last in this module)."""
+@pytest.fixture(scope="module", autouse=True)
+def _print_case_count() -> Iterator[None]:
+    """After this module's tests, print how many damaged inputs they tried (a report, not a
+    test: it checks nothing)."""
+    yield
     total = sum(CASES.values())
     print(f"\nbad-input cases tried: {total} " + json.dumps(CASES))
-    assert total > 0 or not CASES
 
 
 #: Any JSON value (the shapes a hostile or broken header can hold).

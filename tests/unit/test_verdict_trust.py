@@ -255,3 +255,31 @@ def test_short_live_windows_are_decided_on_twenty_steps(monkeypatch) -> None:
     assert [(e["event"], e["rank"]) for e in got] == [("late", 1)]
     assert (got[0]["first_step"], got[0]["last_step"]) == (50, 69)
     assert len(mon.recent) == 2
+
+
+def test_findings_are_ordered_correctness_first_then_by_cost() -> None:
+    from hvtrace.analysis.findings import order_findings
+    from hvtrace.analysis.model import Finding
+
+    found = [
+        Finding("comm_bound", "warning", "c", 0.3, "", {"exposed_ms": 3.0}),
+        Finding("balanced", "info", "b"),
+        Finding(
+            "straggler", "warning", "s", 9.0, "ms", {"lost_ms_per_step": 12.0, "lost_share": 0.1}
+        ),
+        Finding("divergence", "warning", "d", 7.0, "step", {}),
+        Finding(
+            "collective_cost",
+            "warning",
+            "k",
+            5.0,
+            "ms",
+            {"blocked_ms_per_step": 5.0, "run_share": 0.05},
+        ),
+    ]
+    out = order_findings(found, step_ms=100.0)
+    assert [f.kind for f in out] == [
+        "divergence", "straggler", "collective_cost", "comm_bound", "balanced",
+    ]  # fmt: skip
+    assert out[3].data["cost_ms_per_step"] == 3.0 and out[3].data["cost_share"] == 0.03
+    assert "cost_ms_per_step" not in (out[0].data or {})
