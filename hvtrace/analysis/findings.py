@@ -20,7 +20,12 @@ from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.outside import split_name
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.analysis.stragglers import StragglerConfig, median_of_others, split_cause
+from hvtrace.analysis.stragglers import (
+    COORDINATOR_NOTE,
+    StragglerConfig,
+    median_of_others,
+    split_cause,
+)
 from hvtrace.schema import LIGHTNING_PREFIX
 from hvtrace.units import format_bytes, printable
 
@@ -89,12 +94,18 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
         v = a.verdicts
         if len(v) and v["late_ms"].notna().any():
             top = v.loc[v["last_share"].idxmax()]
+            why = (
+                "no rank arrives last in a clear majority of steps with a lateness its own work "
+                "explains"
+                if not str(top["reason"]).startswith(COORDINATOR_NOTE)
+                else "the rank most often last waits for a CPU on a host short of one (see the "
+                "contention finding), as Horovod's coordinator"
+            )
             out.append(
                 Finding(
                     "balanced",
                     "info",
-                    f"no straggler: no rank arrives last in a clear majority of steps with a "
-                    f"lateness its own work explains (most often last: rank {int(top['rank'])}, "
+                    f"no straggler: {why} (most often last: rank {int(top['rank'])}, "
                     f"{top['last_share']:.0%} of steps, median {top['late_ms']:.1f} ms late)",
                     float(top["late_ms"]),
                     "ms",
@@ -397,10 +408,20 @@ def _contention(a: Analysis) -> list[Finding]:
     st = a.stragglers
     advised = set(st.loc[st["cause"] == "contention", "host"]) if "cause" in st else set()
     out = []
+    v = a.verdicts
+    coord = v[(v["rank"] == 0) & v["reason"].astype(str).str.startswith(COORDINATOR_NOTE)]
     for h in a.contention.itertuples():
         if not h.short:
             continue
         where = f"host {h.host}" if h.host != "?" else "this host"
+        r0 = coord[coord["host"] == h.host]
+        rank0 = (
+            f"; rank 0, which also runs Horovod's coordinator (one more busy thread than any "
+            f"other rank), waits most: last to be ready in {r0['last_share'].iloc[0]:.0%} of "
+            f"steps, median {r0['late_ms'].iloc[0]:.1f} ms late"
+            if len(r0)
+            else ""
+        )
         out.append(
             Finding(
                 "contention",
@@ -408,7 +429,7 @@ def _contention(a: Analysis) -> list[Finding]:
                 f"CPU contention on {where}: its ranks ({_list(h.ranks)}) wait a median "
                 f"{h.runq_ms:.1f} ms per step runnable but without a CPU, {h.work_share:.0%} of "
                 f"their {h.work_ms:.1f} ms outside synchronize (most: rank {h.worst_rank}, "
-                f"{h.worst_runq_ms:.1f} ms)"
+                f"{h.worst_runq_ms:.1f} ms){rank0}"
                 + ("" if h.host in advised else "; " + CAUSE_WORDS["contention"][2]),
                 h.runq_ms,
                 "ms",
@@ -481,6 +502,10 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
             e = (w - median_of_others(w))[:, j0][ok]
             parts.append(float(np.nanmean(e)) / 1e6 if np.isfinite(e).any() else float("nan"))
         why = split_cause(mean_ex / 1e6, parts[0], parts[1])
+        if why["cause"] == "contention":
+            # rank 0 waits for a CPU between steps: on a host short of one, as the process
+            # that also runs Horovod's coordinator; the contention finding says that
+            return []
     in0 = float(np.nanmean(m[:, j0])) / 1e6
     others = float(np.nanmedian(np.delete(m, j0, axis=1).mean(axis=0))) / 1e6
     v0 = a.verdicts.set_index("rank").loc[0]
@@ -544,6 +569,7 @@ def _unexplained(a: Analysis) -> list[Finding]:
         & (v["last_share"] >= need)
         & (v["late_ms"] > v["late_floor_ms"])
         & (v["steps"] >= 3)
+        & ~v["reason"].astype(str).str.startswith(COORDINATOR_NOTE)  # said by the host's finding
     ]
     unc = max(a.clock_uncertainty_ns.values(), default=0) / 1e6
     for _, r in cand.iterrows():
@@ -755,14 +781,17 @@ def _outside(a: Analysis) -> list[Finding]:
                 )
             )
             continue
+        # the waiting for the last rank is not a cost of the call (without it, the same wait
+        # moves to the next collective): a warning only for what the call costs by itself
+        if run_share * (1 - min(max(waited, 0.0), 1.0)) < OUTSIDE_RUN_SHARE:
+            sev = "info"
         if waited >= OUTSIDE_WAIT_SHARE:  # waiting, but for no one rank in particular
             advice = (
                 f"the ranks mostly wait in it for the last one to issue it ({waited:.0%} of the "
                 "waiting ranks' time in it), a different rank from call to call: the collective "
                 "itself is cheap, the ranks' work before it is uneven"
             )
-            # not a cost of the call: without it, the same wait moves to the next collective
-            sev = "warning" if run_share * (1 - waited) >= OUTSIDE_RUN_SHARE else "info"
+
         else:
             advice = src[1] if src else _outside_advice(r, calls)
             if rank >= 0 and np.isfinite(late) and waited >= 0.2:

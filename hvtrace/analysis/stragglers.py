@@ -789,6 +789,34 @@ def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str])
     return out.sort_values("work_share", ascending=False, kind="stable").reset_index(drop=True)
 
 
+#: Why a rank 0 late by contention alone is left to its host (:func:`coordinator_contention`).
+COORDINATOR_NOTE: Final = "late by contention on a host short of CPU, as Horovod's coordinator"
+
+
+def coordinator_contention(verdicts: pd.DataFrame, contention: pd.DataFrame) -> pd.DataFrame:
+    """Return ``verdicts`` with rank 0 no longer named when it is late by contention (its cause)
+    on a host short of CPU (:func:`host_contention`): rank 0's process also runs Horovod's
+    coordinator (the negotiation of every collective), one more busy thread than any other
+    rank's, so on a host without a CPU to spare the contention gathers on rank 0 whatever the
+    job does. That is the host's finding (it says so); ``reason`` keeps the evidence. A rank 0
+    whose own core a neighbour takes is then reported with its host, not alone."""
+    if verdicts.empty or contention.empty:
+        return verdicts
+    short = set(contention.loc[contention["short"].astype(bool), "host"])
+    m = (
+        (verdicts["rank"] == 0)
+        & verdicts["named"].astype(bool)
+        & (verdicts["cause"] == "contention")
+        & verdicts["host"].isin(short)
+    )
+    if not m.any():
+        return verdicts
+    v = verdicts.copy()
+    v.loc[m, "named"] = False
+    v.loc[m, "reason"] = [f"{COORDINATOR_NOTE} ({r})" for r in v.loc[m, "reason"]]
+    return v
+
+
 def arrival_table(steps: pd.DataFrame) -> pd.DataFrame:
     """Return per (rank, step): ``lateness_ms`` (how long after the first rank of that step the
     rank's last gradient was ready) and ``is_last``, from a step table (for plots)."""

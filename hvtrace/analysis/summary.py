@@ -34,6 +34,7 @@ from hvtrace.analysis.steps import (
 from hvtrace.analysis.stragglers import (
     StragglerConfig,
     clock_uncertainty_ns,
+    coordinator_contention,
     find_stragglers,
     host_contention,
     mark_host_stragglers,
@@ -157,9 +158,10 @@ def analyze_tables(
     verdicts = merge_episodes(verdicts, episodes, st, skip_steps)
     hosts_df = slow_hosts(verdicts, st, skip_steps, config)
     verdicts = mark_host_stragglers(verdicts, hosts_df)
+    cont = host_contention(st, skip_steps, hosts)
+    verdicts = coordinator_contention(verdicts, cont)
     named = find_stragglers(verdicts)
     model = step_model(st, skip_steps)
-    cont = host_contention(st, skip_steps, hosts)
     short = set(cont.loc[cont["short"], "host"]) if len(cont) else set()
     named, hosts_df = add_costs(model, named, short), add_costs(model, hosts_df, short)
     a = Analysis(

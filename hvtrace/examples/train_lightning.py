@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--val-every", type=int, default=0, help="validate every N steps (0: no validation)"
     )
     p.add_argument("--ckpt-dir", default=None, help="save a checkpoint at each validation here")
+    p.add_argument(
+        "--early-stopping",
+        action="store_true",
+        help="EarlyStopping on val_loss (never stopping these runs), and with --ckpt-dir a "
+        "ModelCheckpoint keeping the best by val_loss",
+    )
     p.add_argument("--log-dir", default=None, help="CSV logger here (log every 5 steps)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
     p.add_argument(
@@ -205,7 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.ckpt_dir:
         from pytorch_lightning.callbacks import ModelCheckpoint
 
-        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1))
+        if args.early_stopping:  # the best by val_loss, as such jobs keep it
+            callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, monitor="val_loss"))
+        else:
+            callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1))
+    if args.early_stopping:
+        from pytorch_lightning.callbacks import EarlyStopping
+
+        # patient enough never to stop these short runs: its checks are what is exercised
+        callbacks.append(EarlyStopping(monitor="val_loss", patience=1000))
     logger: Any = False
     if args.log_dir:
         from pytorch_lightning.loggers import CSVLogger

@@ -232,3 +232,21 @@ def test_the_recorder_names_an_unnamed_call_by_the_lightning_code_that_asked_for
     assert got == "lightning:ModelCheckpoint.file_exists"
     assert user["on_val_end"](b, probe) is None  # the user's own call through the strategy
     assert probe() is None  # any other caller
+
+
+def test_a_per_step_call_mostly_waiting_for_uneven_ranks_is_a_note() -> None:
+    """A metric averaged every step, the ranks taking turns to be 16 ms late to it: it blocks
+    12 % of the run, but 80 % of the waiting rank's time in it is that wait, which without the
+    call moves to the next collective; what the call costs by itself is under the warning's
+    share."""
+    calls = {}
+    for st in range(STEPS):
+        late = st % 2
+        calls[st] = [
+            ("allreduce.average|forward|loss", {late: (16.0, 20.0), 1 - late: (0.0, 20.0)})
+        ]
+    a = analyze_spans(_job(calls))
+    (f,) = _outside(a)
+    assert f.data["run_share"] > OUTSIDE_RUN_SHARE
+    assert f.data["run_share"] * (1 - f.data["wait_share"]) < OUTSIDE_RUN_SHARE
+    assert f.severity == "info", f.message

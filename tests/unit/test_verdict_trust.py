@@ -283,3 +283,19 @@ def test_findings_are_ordered_correctness_first_then_by_cost() -> None:
     ]  # fmt: skip
     assert out[3].data["cost_ms_per_step"] == 3.0 and out[3].data["cost_share"] == 0.03
     assert "cost_ms_per_step" not in (out[0].data or {})
+
+
+def test_rank_0_late_by_contention_on_a_short_host_is_the_hosts_finding() -> None:
+    """Rank 0 also runs Horovod's coordinator: on a host short of CPU its contention is the
+    host's; rank 1 beside a neighbour on its core, or rank 0 blocked, stay named."""
+    from hvtrace.analysis.stragglers import COORDINATOR_NOTE, coordinator_contention
+
+    v = pd.DataFrame({"rank": [0, 1], "host": ["h", "h"], "named": [True, True],
+                      "cause": ["contention", "contention"], "reason": ["r0", "r1"]})  # fmt: skip
+    short = pd.DataFrame({"host": ["h"], "short": [True]})
+    out = coordinator_contention(v, short)
+    assert out["named"].tolist() == [False, True]
+    assert out["reason"].iloc[0].startswith(COORDINATOR_NOTE) and out["reason"].iloc[1] == "r1"
+    assert coordinator_contention(v, short.assign(short=False))["named"].tolist() == [True, True]
+    blocked = v.assign(cause=["blocked", "contention"])
+    assert coordinator_contention(blocked, short)["named"].tolist() == [True, True]
