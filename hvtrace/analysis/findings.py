@@ -501,7 +501,8 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
             w = w.reindex(index=wide.index, columns=wide.columns).to_numpy(np.float64)
             e = (w - median_of_others(w))[:, j0][ok]
             parts.append(float(np.nanmean(e)) / 1e6 if np.isfinite(e).any() else float("nan"))
-        why = split_cause(mean_ex / 1e6, parts[0], parts[1])
+        margin = max(cfg.own_floor_frac * float(s["step_ns"].median()), cfg.min_floor_ns) / 1e6
+        why = split_cause(mean_ex / 1e6, parts[0], parts[1], margin)
         if why["cause"] == "contention":
             # rank 0 waits for a CPU between steps: on a host short of one, as the process
             # that also runs Horovod's coordinator; the contention finding says that
