@@ -15,7 +15,7 @@ from analysis_frames import MS, synth_spans
 
 from hvtrace.analysis import analyze_spans, step_table, user_table
 from hvtrace.analysis.findings import _rank0_blocking
-from hvtrace.analysis.stragglers import StragglerConfig, straggler_episodes
+from hvtrace.analysis.stragglers import StragglerConfig, straggler_episodes, straggler_table
 from hvtrace.record import live
 
 
@@ -299,3 +299,29 @@ def test_rank_0_late_by_contention_on_a_short_host_is_the_hosts_finding() -> Non
     assert coordinator_contention(v, short.assign(short=False))["named"].tolist() == [True, True]
     blocked = v.assign(cause=["blocked", "contention"])
     assert coordinator_contention(blocked, short)["named"].tolist() == [True, True]
+
+
+def test_a_sleep_under_heavy_contention_noise_is_named_by_its_own_time() -> None:
+    """4 ranks on a host short of CPU: every phase waits for a CPU 0-120 ms per step at random
+    (the others' doing), and rank 1 sleeps 30 ms in its forward from step 80 of 200. Durations
+    alone bury the sleep; the phase's own time (duration less run-queue wait) shows it."""
+    from hvtrace.analysis.stragglers import merge_episodes
+
+    st = step_table(synth_spans(ranks=4, steps=200, noise=0.02, seed=5))
+    rng = np.random.default_rng(5)
+    for p in ("input", "forward", "backward", "update"):
+        st[f"{p}_cpu_ns"] = st[f"{p}_ns"].astype(float)
+        wait = rng.uniform(0, 120, len(st)) * MS
+        st[f"{p}_runq_ns"] = wait
+        st[f"{p}_ns"] = st[f"{p}_ns"] + wait
+    slow = (st["rank"] == 1) & (st["step"] >= 80)
+    st.loc[slow, "forward_ns"] += 30 * MS
+    st["step_ns"] = st[[f"{p}_ns" for p in ("input", "forward", "backward", "update")]].sum(axis=1)
+    st["wait_ns"], st["wait_runq_ns"] = 0, 0
+    st["step_runq_ns"] = st[[f"{p}_runq_ns" for p in ("input", "forward", "backward")]].sum(axis=1)
+    eps = straggler_episodes(st, None, {r: "h" for r in range(4)})
+    v = merge_episodes(straggler_table(st, None, {r: "h" for r in range(4)}), eps, st)
+    v = v.set_index("rank")
+    assert v["named"].tolist() == [False, True, False, False], v.to_string()
+    assert (v.loc[1, "phase"], v.loc[1, "cause"]) == ("forward", "blocked")
+    assert abs(int(v.loc[1, "from_step"]) - 80) <= 3
