@@ -549,8 +549,9 @@ def straggler_episodes(
     than the other ranks' by the margin in most of its steps (arrival alone is not enough: on a
     busy host a rank can be last in most steps of a stretch by the others' doing). The
     episode's first and last step are then found over the whole run: the stretch where the
-    named phase's excess over the other ranks is above half of its median excess in most steps
-    (the maximum-sum stretch of +1 for such a step, -1 for another).
+    named phase's own time (less its run-queue wait) exceeds the other ranks' by more than half
+    of its median excess in the episode's windows (the maximum-sum stretch of +1 for such a
+    step, -1 for another).
 
     An episode whose cause is contention is not kept: on a host short of CPU, whichever rank is
     behind waits for a CPU while its peers spin in their wait for it (Horovod's wait yields but
@@ -622,19 +623,21 @@ def _episode(
         return None  # a claim on part of the run needs one phase slower in most of its steps
     if rec["cause"] == "contention":
         return None  # contention for a stretch: the host's (host_contention), not the rank's
-    around = np.concatenate(wins)
     first, last = int(wins[k][0]), int(wins[j][-1])
     phase = str(rec["phase"])
     if phase:
-        sub = a[a["step"].isin(around)]
-        pm = phase_matrix(sub, users[users["step"].isin(around)] if users is not None else None)
+        pm = phase_matrix(a, users)
         col = _col(phase, list(pm.columns))
         if col in pm.columns:
-            wide = pm[col].unstack("rank")
+            # the phase's own time (less its run-queue wait, as the work criterion compares)
+            own = pm[col] - cause_matrix(a, users, [col], "runq")[col].fillna(0.0).clip(lower=0)
+            wide = own.unstack("rank")
             if r in wide.columns:
                 ex = wide.to_numpy() - median_of_others(wide.to_numpy())
                 mine = ex[:, list(wide.columns).index(r)]
-                line = 0.5 * max(float(rec["phase_excess_ms"]), float(rec["work_floor_ms"]))
+                inside = (wide.index >= first) & (wide.index <= last)
+                typical = float(np.nanmedian(mine[inside])) if inside.any() else float("nan")
+                line = 0.5 * max(typical if np.isfinite(typical) else 0.0, 0.0)
                 score = np.where(np.isfinite(mine) & (mine > line), 1.0, -1.0)
                 i0, i1 = _best_stretch(score)
                 if int(wide.index[i0]) <= last and int(wide.index[i1]) >= first:
