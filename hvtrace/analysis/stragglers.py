@@ -646,8 +646,9 @@ def _episode(
     return rec
 
 
-def merge_episodes(verdicts: pd.DataFrame, episodes: pd.DataFrame, steps: pd.DataFrame,
-                   skip_steps: int = 1) -> pd.DataFrame:  # fmt: skip
+def merge_episodes(
+    verdicts: pd.DataFrame, episodes: pd.DataFrame, steps: pd.DataFrame, skip_steps: int = 1
+) -> pd.DataFrame:
     """Return ``verdicts`` with ``from_step`` / ``to_step`` (the steps a rank was slow in, NaN
     for the whole run) and the ranks named only in an episode named, with that episode's
     evidence (its longest episode; the reason says which steps)."""

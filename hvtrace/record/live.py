@@ -623,8 +623,7 @@ def merge_live(old: Any, new: Any) -> list[dict[str, Any]]:
         for e in x if isinstance(x, list) else []:
             if not isinstance(e, dict):
                 continue
-            key = (str(e.get("event")), str(e.get("rank")), str(e.get("host")),
-                   str(e.get("first_step")))  # fmt: skip
+            key = tuple(str(e.get(k)) for k in ("event", "rank", "host", "first_step"))
             if key in seen or len(out) >= MAX_EVENTS:
                 continue
             seen.add(key)
