@@ -21,6 +21,37 @@ MS = 1_000_000
 COLUMNS = ["rank", "step", "micro", "kind", "name", "start_ns", "end_ns", "bytes", "dtype"]
 
 
+def span_row(
+    rank: int,
+    step: int,
+    kind: str,
+    s_ms: float,
+    e_ms: float,
+    name: str | None = None,
+    value: float = math.nan,
+    *,
+    nbytes: int = 4,
+    flags: int = 0,
+    cpu: float = math.nan,
+    runq: float = math.nan,
+) -> dict:
+    """One span as a dict of the span table's columns (times in ms, from 0), for frames built
+    row by row: ``name`` defaults to ``kind``; ``cpu`` / ``runq``: its counters (ns)."""
+    return {
+        "rank": rank,
+        "step": step,
+        "kind": kind,
+        "name": name or kind,
+        "start_ns": int(s_ms * MS),
+        "end_ns": int(e_ms * MS),
+        "bytes": nbytes,
+        "value": value,
+        "flags": flags,
+        "cpu_ns": cpu,
+        "runq_ns": runq,
+    }
+
+
 def frame(rows: list[tuple], *, extra: bool = True) -> pd.DataFrame:
     """Build a span table from ``(rank, step, kind, name, start_ns, end_ns[, bytes])`` tuples."""
     recs = []

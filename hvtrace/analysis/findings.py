@@ -19,7 +19,6 @@ from hvtrace.analysis.consistency import divergence_findings
 from hvtrace.analysis.links import link_words
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.outside import split_name
-from hvtrace.analysis.steps import analyzed_steps
 from hvtrace.analysis.stragglers import (
     COORDINATOR_NOTE,
     StragglerConfig,
@@ -154,7 +153,7 @@ def order_findings(out: list[Finding], step_ms: float) -> list[Finding]:
 
 
 def _median_step_ms(a: Analysis) -> float:
-    s = analyzed_steps(a.steps, a.skip_steps) if len(a.steps) else a.steps
+    s = a.analyzed
     return float(s["step_ns"].median()) / 1e6 if len(s) else float("nan")
 
 
@@ -473,7 +472,7 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
     :data:`RANK0_RUN_SHARE` of rank 0's run time."""
     if 0 not in a.ranks or len(a.ranks) < 2:
         return []
-    s = analyzed_steps(a.steps, a.skip_steps)
+    s = a.analyzed
     if s.empty:
         return []
     wide = s.pivot_table(index="step", columns="rank", values="input_ns", aggfunc="sum")
@@ -481,13 +480,19 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
         return []
     m = wide.to_numpy(dtype=np.float64)
     j0 = list(wide.columns).index(0)
-    ex = (m - median_of_others(m))[:, j0]
+
+    def excess0(w: np.ndarray) -> np.ndarray:
+        """Rank 0's value of ``w`` (steps x ranks, as ``wide``) less the others' median."""
+        return (w - median_of_others(w))[:, j0]
+
+    ex = excess0(m)
     ok = np.isfinite(ex)
     ex, steps_ex = ex[ok], wide.index.to_numpy()[ok]
     if len(ex) < cfg.min_steps:
         return []
     mean_ex = float(ex.mean())
     noise = 3.0 * float(ex.std(ddof=1)) / np.sqrt(len(ex))
+    med_step = float(s["step_ns"].median())
     step0 = s.loc[s["rank"] == 0, "step_ns"]
     mean_step = float(step0.mean()) if len(step0) else 0.0
     share = mean_ex / mean_step if mean_step > 0 else 0.0
@@ -498,10 +503,10 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
         parts = []
         for col in ("input_cpu_ns", "input_runq_ns"):
             w = s.pivot_table(index="step", columns="rank", values=col, aggfunc="sum")
-            w = w.reindex(index=wide.index, columns=wide.columns).to_numpy(np.float64)
-            e = (w - median_of_others(w))[:, j0][ok]
+            e = excess0(w.reindex(index=wide.index, columns=wide.columns).to_numpy(np.float64))
+            e = e[ok]
             parts.append(float(np.nanmean(e)) / 1e6 if np.isfinite(e).any() else float("nan"))
-        margin = max(cfg.own_floor_frac * float(s["step_ns"].median()), cfg.min_floor_ns) / 1e6
+        margin = max(cfg.own_floor_frac * med_step, cfg.min_floor_ns) / 1e6
         why = split_cause(mean_ex / 1e6, parts[0], parts[1], margin)
         if why["cause"] == "contention":
             # rank 0 waits for a CPU between steps: on a host short of one, as the process
@@ -516,7 +521,7 @@ def _rank0_blocking(a: Analysis, cfg: StragglerConfig) -> list[Finding]:
         if bool(v0["named"])
         else ""
     )
-    floor = max(RANK0_STEP_SHARE * float(s["step_ns"].median()), cfg.min_floor_ns)
+    floor = max(RANK0_STEP_SHARE * med_step, cfg.min_floor_ns)
     big = ex > floor
     every = ""
     if big.any() and big.mean() < 0.75:

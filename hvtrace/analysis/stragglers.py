@@ -220,6 +220,16 @@ def cause_matrix(
     return out[columns]
 
 
+def own_time(duration: Any, runq: Any) -> Any:
+    """A phase's *own* time: its duration less its run-queue wait (missing or negative wait:
+    none), for numpy arrays or pandas Series alike. On a host short of CPU the wait is largely
+    the other ranks' doing (the rank that is behind waits for a CPU while its peers spin in
+    Horovod's wait); what is left is the rank's CPU time and blocked time."""
+    if isinstance(runq, pd.Series):
+        return duration - runq.fillna(0.0).clip(lower=0.0)
+    return duration - np.clip(np.nan_to_num(np.asarray(runq, np.float64), nan=0.0), 0.0, None)
+
+
 def split_cause(
     excess_ms: float, work_ms: float, contention_ms: float, margin_ms: float | None = None
 ) -> dict[str, Any]:
@@ -330,8 +340,7 @@ def straggler_table(
             # was measured (on a host short of CPU the wait is the others' doing, and its noise
             # step to step is larger than a sleep of a tenth of the step)
             rq = cms["runq"][p]
-            own = pm[p] - rq.fillna(0.0).clip(lower=0.0)
-            wide = own.unstack("rank").reindex(columns=ranks)
+            wide = own_time(pm[p], rq).unstack("rank").reindex(columns=ranks)
             ex = wide.to_numpy() - median_of_others(wide.to_numpy())
             ex_df = pd.DataFrame(ex, index=wide.index, columns=ranks)
             per_step_excess[p] = ex_df.median()
@@ -370,7 +379,7 @@ def straggler_table(
         # waiting for a CPU (on a host short of CPU the rank that is behind waits for one while
         # its peers spin in their wait for it: contention that follows lateness, whatever made
         # the rank late); by the whole excess when no phase is slow without it (contention alone)
-        own = bex - np.clip(np.nan_to_num(rq[i, b_idx], nan=0.0), 0.0, None)
+        own = own_time(bex, rq[i, b_idx])
         ok_own = np.isfinite(own) & (own >= floor_ms)
         bk = _nanargmax(np.where(ok_own, own, np.nan)) if ok_own.any() else _nanargmax(bex)
         if bk is not None:
@@ -578,6 +587,18 @@ def straggler_episodes(
         us = users[users["step"].isin(sel)] if users is not None and len(users) else users
         return straggler_table(sub, us, hosts, clock_uncertainty, 0, cfg)
 
+    pm: list[pd.DataFrame] = []  # the run's phase matrix, built once when an episode needs it
+
+    def own_wide(phase: str) -> pd.DataFrame | None:
+        """Per (step, rank), the own time of ``phase`` over the whole run (None: no column)."""
+        if not pm:
+            pm.append(phase_matrix(a, users))
+        col = _col(phase, list(pm[0].columns))
+        if col not in pm[0].columns:
+            return None
+        runq = cause_matrix(a, users, [col], "runq")[col]
+        return own_time(pm[0][col], runq).unstack("rank")
+
     named = []
     for w in wins:
         v = decide(w)
@@ -593,7 +614,7 @@ def straggler_episodes(
             while j + 1 < len(wins) and r in named[j + 1]:
                 j += 1
             if j > k:
-                row = _episode(a, users, r, wins, k, j, decide)
+                row = _episode(r, wins, k, j, decide, own_wide)
                 if row is not None:
                     rows.append(row)
             k = j + 1
@@ -605,16 +626,16 @@ def straggler_episodes(
 
 
 def _episode(
-    a: pd.DataFrame,
-    users: pd.DataFrame | None,
     r: int,
     wins: list[np.ndarray],
     k: int,
     j: int,
     decide: Any,
+    own_wide: Any,
 ) -> dict[str, Any] | None:
     """Rank ``r``'s episode over windows ``k..j``: decided again on their steps, then its
-    first and last step found over the whole run (the stretch that overlaps the windows)."""
+    first and last step found over the whole run (the stretch that overlaps the windows).
+    ``own_wide(phase)``: that phase's own time per (step, rank) over the run."""
     v = decide(np.concatenate(wins[k : j + 1])).set_index("rank")
     if r not in v.index:
         return None
@@ -624,24 +645,17 @@ def _episode(
     if rec["cause"] == "contention":
         return None  # contention for a stretch: the host's (host_contention), not the rank's
     first, last = int(wins[k][0]), int(wins[j][-1])
-    phase = str(rec["phase"])
-    if phase:
-        pm = phase_matrix(a, users)
-        col = _col(phase, list(pm.columns))
-        if col in pm.columns:
-            # the phase's own time (less its run-queue wait, as the work criterion compares)
-            own = pm[col] - cause_matrix(a, users, [col], "runq")[col].fillna(0.0).clip(lower=0)
-            wide = own.unstack("rank")
-            if r in wide.columns:
-                ex = wide.to_numpy() - median_of_others(wide.to_numpy())
-                mine = ex[:, list(wide.columns).index(r)]
-                inside = (wide.index >= first) & (wide.index <= last)
-                typical = float(np.nanmedian(mine[inside])) if inside.any() else float("nan")
-                line = 0.5 * max(typical if np.isfinite(typical) else 0.0, 0.0)
-                score = np.where(np.isfinite(mine) & (mine > line), 1.0, -1.0)
-                i0, i1 = _best_stretch(score)
-                if int(wide.index[i0]) <= last and int(wide.index[i1]) >= first:
-                    first, last = int(wide.index[i0]), int(wide.index[i1])
+    wide = own_wide(str(rec["phase"])) if rec["phase"] else None
+    if wide is not None and r in wide.columns:
+        ex = wide.to_numpy() - median_of_others(wide.to_numpy())
+        mine = ex[:, list(wide.columns).index(r)]
+        inside = (wide.index >= first) & (wide.index <= last)
+        typical = float(np.nanmedian(mine[inside])) if inside.any() else float("nan")
+        line = 0.5 * max(typical if np.isfinite(typical) else 0.0, 0.0)
+        score = np.where(np.isfinite(mine) & (mine > line), 1.0, -1.0)
+        i0, i1 = _best_stretch(score)
+        if int(wide.index[i0]) <= last and int(wide.index[i1]) >= first:
+            first, last = int(wide.index[i0]), int(wide.index[i1])
     rec.update(rank=r, first_step=first, last_step=last, steps_in=last - first + 1)
     return rec
 

@@ -545,9 +545,8 @@ class LiveMonitor:
         first, last = (int(steps.min()), int(steps.max())) if steps.size else (None, None)
         events = []
         # ranks: named (or not) in PERSIST_WINDOWS windows in a row
-        for r in set(self.streak) | set(now):
-            self.streak[r] = self.streak.get(r, 0) + 1 if r in now else 0
-            self.clear[r] = 0 if r in now else self.clear.get(r, 0) + 1
+        _count_windows(self.streak, self.clear, now)
+        for r in self.streak:
             moved = r in now and r in self.named and changed(self.named[r], now[r])
             self.moved[r] = self.moved.get(r, 0) + 1 if moved else 0
         for r, v in now.items():
@@ -564,9 +563,7 @@ class LiveMonitor:
                 dict(v, event="recovered", first_step=first, last_step=last, late_ms=None)
             )
         # hosts short of CPU: one line when it begins, one when it ends
-        for h in set(self.host_streak) | set(hosts_now):
-            self.host_streak[h] = self.host_streak.get(h, 0) + 1 if h in hosts_now else 0
-            self.host_clear[h] = 0 if h in hosts_now else self.host_clear.get(h, 0) + 1
+        _count_windows(self.host_streak, self.host_clear, hosts_now)
         for h, v in hosts_now.items():
             if h not in self.contended and self.host_streak[h] >= PERSIST_WINDOWS:
                 self.contended[h] = v
@@ -585,6 +582,14 @@ class LiveMonitor:
                 except Exception as exc:  # noqa: BLE001 - the user's callback
                     log.warning("hvtrace: on_straggler callback failed: %s: %s",
                                 type(exc).__name__, exc)  # fmt: skip
+
+
+def _count_windows(streak: dict[Any, int], clear: dict[Any, int], now: dict[Any, Any]) -> None:
+    """Count, for every key seen so far, the windows in a row it was named in (``streak``) and
+    the windows in a row it was not (``clear``); ``now``: this window's named keys."""
+    for k in set(streak) | set(now):
+        streak[k] = streak.get(k, 0) + 1 if k in now else 0
+        clear[k] = 0 if k in now else clear.get(k, 0) + 1
 
 
 def line(e: dict[str, Any]) -> str:

@@ -6,32 +6,16 @@ warnings listed before info notes. Hand-made two-rank jobs of 100 ms steps."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
+from analysis_frames import MS
+from analysis_frames import span_row as _span
 
 from hvtrace.analysis import analyze_spans, make_findings
 from hvtrace.analysis.findings import OUTSIDE_RUN_SHARE
 from hvtrace.schema import FLAG_AGREE
 
-MS = 1_000_000
 STEPS = 41  # steps 1..40 analyzed (step 0 is warm-up)
-
-
-def _span(rank, step, kind, s_ms, e_ms, name=None, value=np.nan, nbytes=4):
-    return {
-        "rank": rank,
-        "step": step,
-        "kind": kind,
-        "name": name or kind,
-        "start_ns": int(s_ms * MS),
-        "end_ns": int(e_ms * MS),
-        "bytes": nbytes,
-        "value": value,
-        "flags": 0,
-        "cpu_ns": np.nan,
-        "runq_ns": np.nan,
-    }
 
 
 def _job(calls: dict[int, list[tuple[str, dict[int, tuple[float, float]]]]], nbytes: int = 4):
@@ -53,7 +37,7 @@ def _job(calls: dict[int, list[tuple[str, dict[int, tuple[float, float]]]]], nby
             for name, at in calls.get(st, []):
                 s, e = at[r]
                 cs, ce = t0 + 5 + s, t0 + 5 + e
-                rows.append(_span(r, st, "collective", cs, ce, name, (ce - cs) * MS, nbytes))
+                rows.append(_span(r, st, "collective", cs, ce, name, (ce - cs) * MS, nbytes=nbytes))
     return pd.DataFrame(rows)
 
 

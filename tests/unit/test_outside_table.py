@@ -6,30 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from analysis_frames import MS
+from analysis_frames import span_row as _span
 
 from hvtrace.analysis import analyze_spans
 from hvtrace.analysis.outside import merge_partials, outside_table, split_name
 from hvtrace.analysis.steps import step_table
 from hvtrace.record.collectives import _clean
 from hvtrace.schema import FLAG_OWN
-
-MS = 1_000_000
-
-
-def _span(rank, step, kind, s_ms, e_ms, name=None, value=np.nan, flags=0, cpu=np.nan, runq=np.nan):
-    return {
-        "rank": rank,
-        "step": step,
-        "kind": kind,
-        "name": name or kind,
-        "start_ns": int(s_ms * MS),
-        "end_ns": int(e_ms * MS),
-        "bytes": 4,
-        "value": value,
-        "flags": flags,
-        "cpu_ns": cpu,
-        "runq_ns": runq,
-    }
 
 
 def _job(slow_ms: float = 30.0, steps: int = 12, blocked_known: bool = True) -> pd.DataFrame:
@@ -54,7 +38,7 @@ def _job(slow_ms: float = 30.0, steps: int = 12, blocked_known: bool = True) -> 
             rows.append(_span(r, st, "update", t0 + 85, t0 + 100, cpu=15 * MS, runq=0))
             # hvtrace's own collective: never counted
             own = "allreduce.sum|update|hvtrace.clock.1"
-            rows.append(_span(r, st, "collective", t0 + 90, t0 + 99, own, 9 * MS, FLAG_OWN))
+            rows.append(_span(r, st, "collective", t0 + 90, t0 + 99, own, 9 * MS, flags=FLAG_OWN))
     return pd.DataFrame(rows)
 
 

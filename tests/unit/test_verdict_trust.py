@@ -15,6 +15,7 @@ from analysis_frames import MS, synth_spans
 
 from hvtrace.analysis import analyze_spans, step_table, user_table
 from hvtrace.analysis.findings import _rank0_blocking
+from hvtrace.analysis.steps import analyzed_steps
 from hvtrace.analysis.stragglers import StragglerConfig, straggler_episodes, straggler_table
 from hvtrace.record import live
 
@@ -101,7 +102,7 @@ def _synth_rank0_input(extra_ms: np.ndarray, seed: int = 0, n: int = 120) -> Sim
     verdicts = pd.DataFrame({"rank": [0, 1], "named": [False, False], "last_share": [0.5, 0.5],
                              "late_ms": [0.0, 0.0]})  # fmt: skip
     return SimpleNamespace(
-        ranks=[0, 1], steps=st, skip_steps=1, verdicts=verdicts,
+        ranks=[0, 1], steps=st, analyzed=analyzed_steps(st, 1), verdicts=verdicts,
         user_per_rank=pd.DataFrame(columns=["rank", "name", "mean_ms"]),
     )  # fmt: skip
 
