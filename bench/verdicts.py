@@ -76,6 +76,8 @@ class Case:
     held_out: bool = False
     nps: tuple[int, ...] = (2, 4)
     env: dict[str, str] = field(default_factory=dict)
+    #: Launched in elastic mode (``--host-discovery-script``; the script: ``train_elastic``).
+    elastic: bool = False
 
 
 def _fault(rank: int, phases: tuple[str, ...], cause: str, from_step: int | None = None) -> dict:
@@ -99,6 +101,9 @@ def cases(steps: int, slow_ms: float) -> list[Case]:
         Case("clean-mlp", "train"),
         Case("clean-cnn", "train", ("--model", "cnn"), held_out=True),
         Case("clean-metric", "train", ("--metric-allreduce",)),
+        Case(
+            "clean-elastic", "train_elastic", ("--commit-every", "10"), elastic=True, held_out=True
+        ),
         Case(
             "clean-lightning-es",
             "train_lightning",
@@ -214,13 +219,18 @@ def run_job(
 ) -> tuple[bool, str]:
     """Run the case's job into ``run_dir``; return (ok, the tail of its output)."""
     args = [a.replace("{run}", str(run_dir)) for a in case.args]
+    if case.elastic:  # every slot from the start, none lost: a clean elastic job
+        discover = run_dir.with_name(run_dir.name + "-discover.sh")
+        discover.write_text(f"#!/bin/sh\necho localhost:{np_}\n")
+        discover.chmod(0o755)
+        launcher = ["-np", str(np_), "--min-np", str(np_), "--max-np", str(np_),
+                    "--host-discovery-script", str(discover),
+                    "--network-interface", "lo"]  # fmt: skip
+    else:
+        launcher = ["-np", str(np_), "-H", f"localhost:{np_}", "--gloo"]
     cmd = [
         str(BIN / "horovodrun"),
-        "-np",
-        str(np_),
-        "-H",
-        f"localhost:{np_}",
-        "--gloo",
+        *launcher,
         sys.executable,
         "-m",
         f"hvtrace.examples.{case.script}",
@@ -234,6 +244,7 @@ def run_job(
         os.environ,
         PATH=f"{BIN}:{os.environ.get('PATH', '')}",
         HVTRACE_LIVE_EVERY=str(live_every),
+        HVTRACE_LIVE_S="0",  # windows of exactly --live-every steps, as the matrix was run
         **case.env,
     )
     p = subprocess.Popen(

@@ -53,7 +53,15 @@ LIVE_EVERY: Final = Setting(
     100,
     0,
     1e9,
-    "steps per window of live straggler detection (0: off); rank 0's value is used by all",
+    "steps per window of live straggler detection at least (0: off); rank 0's value is used by all",
+)
+LIVE_S: Final = Setting(
+    "HVTRACE_LIVE_S",
+    5.0,
+    0.0,
+    3600.0,
+    "seconds per window of live straggler detection at least (0: windows of exactly "
+    "HVTRACE_LIVE_EVERY steps); rank 0's value is used by all",
 )
 POLL_US: Final = Setting(
     "HVTRACE_POLL_US",
@@ -66,7 +74,8 @@ POLL_US: Final = Setting(
 #: Every numeric setting, by environment variable (the on/off ones and ``HVTRACE_DIR`` are
 #: parsed below).
 SETTINGS: Final = {
-    s.env: s for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY, POLL_US)
+    s.env: s
+    for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY, LIVE_S, POLL_US)
 }
 
 _OFF: Final = {"0", "false", "off", "no"}
@@ -186,9 +195,16 @@ def consistency_every(explicit: int | None = None) -> int:
 
 
 def live_every(explicit: int | None = None) -> int:
-    """Steps per window of live straggler detection (:mod:`hvtrace.record.live`): ``explicit``,
-    else ``$HVTRACE_LIVE_EVERY``, else 100; 0 turns it off; bounded to 0..10**9."""
+    """Steps per window of live straggler detection (:mod:`hvtrace.record.live`) at least:
+    ``explicit``, else ``$HVTRACE_LIVE_EVERY``, else 100; 0 turns it off; bounded to 0..10**9."""
     return _value(LIVE_EVERY, explicit, int)
+
+
+def live_window_s(explicit: float | None = None) -> float:
+    """Seconds per window of live straggler detection at least (windows of short steps are
+    lengthened to it, see :mod:`hvtrace.record.live`): ``explicit``, else ``$HVTRACE_LIVE_S``,
+    else 5; 0: windows of exactly :func:`live_every` steps; bounded to 0..3600."""
+    return _value(LIVE_S, explicit, float)
 
 
 def poll_interval_ns(explicit: float | None = None) -> int:

@@ -74,6 +74,8 @@ class Membership:
     after_reset: bool = False
     #: rank -> the host as horovodrun names it (``HOROVOD_HOSTNAME``; else the host name).
     hvd_hosts: dict[int, str] | None = None
+    #: Rank 0's seconds per live window at least (:func:`hvtrace.settings.live_window_s`).
+    live_s: float = 0.0
 
     @property
     def size(self) -> int:
@@ -140,14 +142,17 @@ def setup_gather(hvd: Any, info: dict[str, Any] | None) -> Membership:
 
     hvd_host = os.environ.get("HOROVOD_HOSTNAME")  # the host as horovodrun names it
     everyone = allgather_object(
-        (settings.live_every(), socket.gethostname(), info, hvd_host), name=SETUP_NAME
+        ((settings.live_every(), settings.live_window_s()), socket.gethostname(), info, hvd_host),
+        name=SETUP_NAME,
     )
     return agree(everyone)
 
 
 def agree(everyone: list[Any]) -> Membership:
-    """Derive the membership from the gathered ``(live_every, host, info)`` of every rank (in
-    rank order). Values are checked: a malformed entry counts as a new worker."""
+    """Derive the membership from the gathered ``(live, host, info, hvd_host)`` of every rank
+    (in rank order; ``live``: ``(live_every, live_s)``, or ``live_every`` alone). Values are
+    checked: a malformed entry counts as a new worker, a malformed ``live`` turns live
+    detection off."""
     hosts: dict[int, str] = {}
     hvd_hosts: dict[int, str] = {}
     prior: dict[int, dict[str, Any]] = {}
@@ -169,14 +174,13 @@ def agree(everyone: list[Any]) -> Membership:
                 }
             except (KeyError, TypeError, ValueError):
                 pass
-    try:
-        live_every = int(everyone[0][0])
-    except (TypeError, ValueError, IndexError):
-        live_every = 0
+    live_every, live_s = _live_setting(everyone)
     size = len(everyone)
     if not prior:
         workers = {r: r for r in range(size)}
-        return Membership(0, 0, live_every, hosts, workers, None, size, False, hvd_hosts)
+        return Membership(
+            0, 0, live_every, hosts, workers, None, size, False, hvd_hosts, live_s=live_s
+        )
     workers = {}
     used: set[int] = set()
     for r in sorted(prior):
@@ -202,7 +206,21 @@ def agree(everyone: list[Any]) -> Membership:
         next_worker=nxt,
         after_reset=True,
         hvd_hosts=hvd_hosts,
+        live_s=live_s,
     )
+
+
+def _live_setting(everyone: list[Any]) -> tuple[int, float]:
+    """Rank 0's live window (steps, seconds) from the gathered set-up; (0, 0.0) if malformed."""
+    try:
+        live = everyone[0][0]
+        every, live_s = live if isinstance(live, (tuple, list)) else (live, 0.0)
+        every, live_s = int(every), float(live_s)
+    except (TypeError, ValueError, IndexError):
+        return 0, 0.0
+    if every < 0 or not 0.0 <= live_s <= 3600.0:  # also NaN
+        return 0, 0.0
+    return every, live_s
 
 
 def install(tracer: Any) -> None:

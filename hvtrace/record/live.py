@@ -1,9 +1,14 @@
 """Live straggler detection: the job names its straggler while it runs.
 
-Every ``HVTRACE_LIVE_EVERY`` steps (:func:`hvtrace.settings.live_every`) each rank has reduced
-its last window of steps to a small matrix, one row per step (the phases' durations, the
-training thread's CPU time and run-queue wait in them, and its arrival on rank 0's clock), ten
-steps at a time as they came, on a background thread ("hvtrace-live"), never the training
+A window is ``HVTRACE_LIVE_EVERY`` steps (:func:`hvtrace.settings.live_every`, default 100), or
+``HVTRACE_LIVE_S`` seconds (:func:`hvtrace.settings.live_window_s`, default 5) where that is
+more steps (at most :data:`MAX_WINDOW_STEPS`): judging a window costs rank 0 about 30 ms of CPU
+however many steps it has, a tenth of a CPU at windows of 100 steps of 3 ms. The windows'
+length is agreed on at the same step on every rank (:meth:`LiveMonitor._agree_length`: rank 0's
+mean step, broadcast), so that every rank's window is the same steps. Each rank reduces its
+window to a small matrix, one row per step (the phases' durations, the training thread's CPU
+time and run-queue wait in them, and its arrival on rank 0's clock), a few steps at a time as
+they come (about :data:`CHUNK_S`), on a background thread ("hvtrace-live"), never the training
 thread; the ranks exchange their matrices with one Horovod allgather issued from that thread
 (the training loop never waits on it). Rank 0 then runs the offline analysis's own straggler
 decision on that window, from a thread of its own ("hvtrace-judge", so that the live thread goes
@@ -34,6 +39,7 @@ read without synchronizing, and live detection is off (documented, not run on a 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -245,18 +251,50 @@ def changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return abs(b - a) > max(0.5 * max(a, b), floor_ms)
 
 
-#: Steps whose entries the training thread hands to the live thread at a time; the live thread
-#: reduces them to matrix rows at once, so that no rank holds a whole window's entries (a model's
-#: allreduces, step after step: about 7 MB per 100 steps of 152 tensors).
+#: Steps whose entries the training thread hands to the live thread at a time, at least; the
+#: live thread reduces them to matrix rows at once, so that no rank holds a whole window's
+#: entries (a model's allreduces, step after step: about 7 MB per 100 steps of 152 tensors).
 CHUNK_STEPS: Final = 10
+#: ... and at most; between the two, :data:`CHUNK_S` of steps (fewer wake-ups of the live thread
+#: when steps are short).
+CHUNK_MAX_STEPS: Final = 100
+CHUNK_S: Final = 0.05
+
+#: Steps per window at most, however short the steps (the gathered window of every rank is
+#: sent to every rank: 184 bytes a step and rank).
+MAX_WINDOW_STEPS: Final = 2000
+
+#: After the first windows (1, 2, 4, ...), the windows' length is agreed again every this many.
+AGREE_EVERY_WINDOWS: Final = 64
+
+
+def window_steps(step_ns: float, every: int, window_s: float) -> int:
+    """Steps per window at a mean step of ``step_ns``: at least ``every`` and at least
+    ``window_s`` seconds' worth, at most :data:`MAX_WINDOW_STEPS` (or ``every``, where that is
+    more). ``every`` when ``window_s`` is 0 or the step unknown."""
+    if not (window_s > 0 and step_ns > 0 and math.isfinite(step_ns)):
+        return every
+    return max(every, min(math.ceil(window_s * 1e9 / step_ns), MAX_WINDOW_STEPS))
+
+
+def chunk_steps(step_ns: float) -> int:
+    """Steps handed to the live thread at a time at a mean step of ``step_ns``: about
+    :data:`CHUNK_S`, within :data:`CHUNK_STEPS` .. :data:`CHUNK_MAX_STEPS`."""
+    if not (step_ns > 0 and math.isfinite(step_ns)):
+        return CHUNK_STEPS
+    return max(CHUNK_STEPS, min(math.ceil(CHUNK_S * 1e9 / step_ns), CHUNK_MAX_STEPS))
 
 
 #: How rank 0 starts its judge process: at the lowest CPU priority before anything is imported
 #: (``python -m hvtrace.record.live_judge`` imports hvtrace, pyarrow and numpy first, 0.23 s of
-#: CPU at the rank's priority, on a CPU the ranks may fill), then the module as ``__main__``.
+#: CPU at the rank's priority, on a CPU the ranks may fill), free to run on any CPU this machine
+#: lets it use (not only the cores rank 0 is pinned to, which its training thread needs), then
+#: the module as ``__main__``.
 JUDGE_LAUNCH: Final = (
     "import os\n"
     "try:\n    os.nice(19)\nexcept OSError:\n    pass\n"
+    "try:\n    os.sched_setaffinity(0, range(os.cpu_count() or 1))\n"
+    "except (AttributeError, OSError, ValueError):\n    pass\n"
     "import runpy\n"
     "runpy.run_module('hvtrace.record.live_judge', run_name='__main__', alter_sys=True)\n"
 )
@@ -298,19 +336,31 @@ class LiveMonitor:
     """
 
     def __init__(
-        self, tracer: Any, every: int, offset_ns: int, hosts: dict[int, str], index: int = 0
+        self,
+        tracer: Any,
+        every: int,
+        offset_ns: int,
+        hosts: dict[int, str],
+        index: int = 0,
+        window_s: float = 0.0,
     ) -> None:
-        """``index``: the tracer's set-up in this process, counted in the same order on every
-        rank; it names this monitor's collectives apart from another tracer's (two traced
-        optimizers in one process, as a GAN's)."""
+        """``every``: steps per window at least; ``window_s``: seconds per window at least (0:
+        windows of ``every`` steps; see :meth:`_agree_length`), both rank 0's. ``index``: the
+        tracer's set-up in this process, counted in the same order on every rank; it names
+        this monitor's collectives apart from another tracer's (two traced optimizers in one
+        process, as a GAN's)."""
         self.tracer = tracer
         self.index = int(index)
         self.every = int(every)
+        self.window_s = float(window_s)
         self.offset_ns = int(offset_ns)
         self.hosts = hosts
         self.window: list[list] = []  # entries of the steps not yet handed over
         self.in_window = 0  # steps of the current window so far
         self.windows_sent = 0
+        self.length = self.every  # steps of the current window (the same on every rank)
+        self.chunk_steps = CHUNK_STEPS  # steps handed over at a time
+        self.window_start_ns = time.monotonic_ns()
         self.init_verdicts()
         #: Rank 0 judges in a child process (False: in this one; tests).
         self.use_process = True
@@ -337,21 +387,54 @@ class LiveMonitor:
 
     def on_step(self, rows: list) -> None:
         """Hot path: keep a reference to the step's entries; hand them over every
-        :data:`CHUNK_STEPS` steps and at the window's end, then the window. Nothing once the
-        live thread has stopped (closed, or failed): nothing piles up in its queue."""
+        ``chunk_steps`` steps and at the window's end, then the window (and, some windows,
+        agree on the next windows' length: :meth:`_agree_length`). Nothing once the live
+        thread has stopped (closed, or failed): nothing piles up in its queue."""
         if self._stopped:
             return
         window = self.window
         window.append(rows)
         self.in_window += 1
-        full = self.in_window >= self.every
-        if full or len(window) >= CHUNK_STEPS:
+        full = self.in_window >= self.length
+        if full or len(window) >= self.chunk_steps:
             self.window = []
             self._q.put(window)
         if full:
-            self.in_window = 0
             self._q.put(self.windows_sent)
             self.windows_sent += 1
+            n = self.windows_sent
+            if self.window_s > 0 and (n & (n - 1) == 0 or n % AGREE_EVERY_WINDOWS == 0):
+                self._agree_length()
+            self.in_window = 0
+            self.window_start_ns = time.monotonic_ns()
+
+    def _agree_length(self) -> None:
+        """Lengthen the windows of short steps to ``window_s`` seconds (the judge's fixed cost,
+        about 30 ms of CPU a window, is then a share of a CPU no larger than at steps of 50
+        ms; a window of 100 steps of 3 ms cost 10 % of one). Rank 0's mean step over the
+        window that just ended is broadcast (one number, on the training thread, at the same
+        step on every rank: the windows stay the same steps everywhere) and every rank sets
+        the next windows' length from it (:func:`window_steps`) and the steps it hands over at
+        a time (:func:`chunk_steps`). After windows 1, 2, 4, 8, ... and then every
+        :data:`AGREE_EVERY_WINDOWS` windows. A failure stops live detection on this rank, as
+        any on its thread."""
+        import torch
+        from horovod.torch import mpi_ops  # Horovod's own names: not recorded as the user's
+
+        mean_ns = (time.monotonic_ns() - self.window_start_ns) / max(1, self.in_window)
+        try:
+            got = mpi_ops.broadcast(
+                torch.tensor([mean_ns], dtype=torch.float64),
+                root_rank=0,
+                name=f"hvtrace.live.{self.index}.len.{self.windows_sent}",
+            )
+            step_ns = float(got[0])
+        except Exception as exc:  # noqa: BLE001 - never into training
+            log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+            self.close()
+            return
+        self.length = window_steps(step_ns, self.every, self.window_s)
+        self.chunk_steps = chunk_steps(step_ns)
 
     def close(self) -> None:
         """Stop: the live thread starts no exchange after this and ends (an exchange already in

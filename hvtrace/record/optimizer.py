@@ -222,7 +222,7 @@ def trace_optimizer(
     if tracer.rec.enabled and settings.horovod_timeline(horovod_timeline):
         tracer.start_horovod_timeline(Path(opts.trace_dir), run_id)
     if not membership.after_reset:  # after a reset live detection is off on every rank
-        _start_live(tracer, (membership.live_every, membership.hosts), clock, setup_index)
+        _start_live(tracer, membership, clock, setup_index)
     try:
         every = settings.consistency_every(consistency_every)
         tracer.checks = consistency.make_checks(tracer, every)
@@ -690,17 +690,24 @@ class Tracer(PhasesBase):
         collectives.release(self)
 
 
-def _start_live(
-    tracer: Tracer, setup: tuple[int, dict[int, str]] | None, clock: Any, index: int = 0
-) -> None:
+def _start_live(tracer: Tracer, membership: Any, clock: Any, index: int = 0) -> None:
     """Attach live detection (:mod:`hvtrace.record.live`) to the tracer, on every rank whether
     or not it records (its windows' collective must stay in step on all ranks; see
-    :meth:`Tracer._count_step`). Off with CUDA timers. ``index``: the tracer's set-up in this
-    process (names its windows' collective apart from another tracer's)."""
+    :meth:`Tracer._count_step`), with rank 0's window (``membership``: the
+    :class:`~hvtrace.record.elastic.Membership` every rank agreed on). Off with CUDA timers.
+    ``index``: the tracer's set-up in this process (names its windows' collective apart from
+    another tracer's)."""
     from hvtrace.record.live import LiveMonitor
 
-    if setup is not None and setup[0] > 0 and not tracer.is_cuda:
-        tracer.live = LiveMonitor(tracer, setup[0], clock.offset_ns, setup[1], index)
+    if membership.live_every > 0 and not tracer.is_cuda:
+        tracer.live = LiveMonitor(
+            tracer,
+            membership.live_every,
+            clock.offset_ns,
+            membership.hosts,
+            index,
+            window_s=membership.live_s,
+        )
 
 
 def horovod_timeline_name(run_id: str) -> str:

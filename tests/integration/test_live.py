@@ -1,4 +1,5 @@
-"""Live straggler detection on real ``horovodrun`` jobs (2 ranks, Gloo), windows of 20 steps.
+"""Live straggler detection on real ``horovodrun`` jobs (2 ranks, Gloo), windows of 20 steps
+(``HVTRACE_LIVE_S=0``; the balanced job's windows are 0.4 s, agreed on by the ranks).
 
 - 200 steps, rank 1 sleeps 25 ms in its forward from step 80 on: rank 0 logs a line naming
   rank 1 and its phase by step 80 + 2 x 20 (once named in two windows in a row), the registered
@@ -30,13 +31,15 @@ LINE = re.compile(
 )
 
 
-def _run(tmp_path: Path, *args: str):
+def _run(tmp_path: Path, *args: str, live_s: float = 0.0):
+    """``live_s``: HVTRACE_LIVE_S (0: windows of exactly EVERY steps)."""
     trace = tmp_path / "trace"
     cb = tmp_path / "verdicts.jsonl"
     proc = run_train(
         *COMMON, "--trace-dir", str(trace), "--live-callback", str(cb), *args,
-        env={"HVTRACE_LIVE_EVERY": str(EVERY)}, cwd=tmp_path,
+        env={"HVTRACE_LIVE_EVERY": str(EVERY), "HVTRACE_LIVE_S": str(live_s)}, cwd=tmp_path,
     )  # fmt: skip
+    assert "live detection stopped" not in proc.stderr, tail(proc.stderr)
     assert "rank 0: 200 steps" in proc.stdout, tail(proc.stderr)
     verdicts = [json.loads(x) for x in cb.read_text().splitlines()] if cb.exists() else []
     return trace, proc.stderr, verdicts
@@ -75,8 +78,10 @@ def test_a_rank_slowed_mid_run_is_named_live_with_its_phase(tmp_path: Path) -> N
 
 def test_a_balanced_run_logs_no_straggler(tmp_path: Path) -> None:
     """No rank is named; a host short of CPU (this 2-core host runs 2 ranks, their Horovod
-    threads and the judge) is logged once when that begins and once when it ends."""
-    _trace, err, verdicts = _run(tmp_path)
+    threads and the judge) is logged once when that begins and once when it ends. Windows of
+    0.4 s (HVTRACE_LIVE_S): their length is agreed on by every rank at the same steps (a
+    broadcast on the training thread), which must neither hang nor fail."""
+    _trace, err, verdicts = _run(tmp_path, live_s=0.4)
     assert not [v for v in verdicts if v.get("rank") is not None], verdicts
     assert not LINE.findall(err), tail(err)
     for host in {v["host"] for v in verdicts}:

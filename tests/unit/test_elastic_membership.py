@@ -27,6 +27,16 @@ def test_first_start_gives_each_rank_its_rank_as_worker() -> None:
     assert m.record(1, 5)["members"] == [[0, 0, "a", "h0"], [1, 1, "b", "h1"]]
 
 
+def test_rank_0s_live_window_in_steps_and_seconds_is_everyone_s() -> None:
+    m = agree([((20, 5.0), "a", None, None), ((50, 1.0), "b", None, None)])
+    assert (m.live_every, m.live_s) == (20, 5.0)
+    old = agree([(20, "a", None, None)])  # an older rank 0's: steps alone
+    assert (old.live_every, old.live_s) == (20, 0.0)
+    for bad in [("x", 5.0), (20, float("nan")), (20, -1.0), (-5, 1.0), (20,), None]:
+        m = agree([(bad, "a", None, None)])
+        assert (m.live_every, m.live_s) == (0, 0.0), bad  # malformed: live detection off
+
+
 def test_after_a_reset_survivors_keep_their_ids_and_joiners_get_new_ones() -> None:
     # the worker that was 1 survives as rank 0; a new worker is rank 1; a garbled entry is new
     m = agree(

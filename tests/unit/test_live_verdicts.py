@@ -57,6 +57,7 @@ def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
     """A LiveMonitor without its thread or judge: the test drains its queue and runs ``_run``."""
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
+    mon.length, mon.chunk_steps, mon.window_s, mon.window_start_ns = every, live.CHUNK_STEPS, 0, 0
     mon.offset_ns, mon._stopped, mon.index = offset_ns, False, 0
     mon._q = live.queue.SimpleQueue()
     monkeypatch.setattr(mon, "_stop_judge", lambda: None)
@@ -88,6 +89,71 @@ def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeyp
     for k, m in exchanged:
         whole = live.step_matrix(steps[k * every : (k + 1) * every], 3 * MS)
         np.testing.assert_array_equal(m, whole)
+
+
+def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatch) -> None:
+    """HVTRACE_LIVE_S: at the end of windows 1, 2, 4, ... rank 0's mean step is broadcast and
+    every rank lengthens its windows to the steps that fill ``window_s`` at that step (the same
+    count on every rank, whatever its own clock says), handing steps over about CHUNK_S at a
+    time. Judging a window costs rank 0 a fixed ~30 ms of CPU: fewer windows, less cost."""
+    mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
+    import torch
+
+    names: list[str] = []
+
+    def broadcast(t, root_rank, name):
+        assert root_rank == 0 and float(t[0]) > 0  # this rank's own mean step goes in
+        names.append(name)
+        return torch.tensor([3e6], dtype=torch.float64)  # rank 0's: 3 ms
+
+    monkeypatch.setattr(mpi_ops, "broadcast", broadcast)
+    every = 20
+    mon = _monitor(monkeypatch, every, 0)
+    mon.window_s = 1.0
+    long = live.window_steps(3e6, every, 1.0)
+    assert long == 334 and live.chunk_steps(3e6) == 17
+    n = every + 2 * long + 5
+    for s in range(n):
+        mon.on_step(_step_rows(s, 10_000 * MS + s * 3 * MS, 1.0))
+    queued = []
+    while not mon._q.empty():
+        queued.append(mon._q.get())
+    windows, steps = [], 0
+    for x in queued:
+        if type(x) is int:
+            windows.append(steps)
+            steps = 0
+        else:
+            steps += len(x)
+            assert len(x) <= max(live.CHUNK_STEPS, 17)
+    assert windows == [every, long, long]  # the first at HVTRACE_LIVE_EVERY, then 1 s of steps
+    assert names == ["hvtrace.live.0.len.1", "hvtrace.live.0.len.2"]  # after windows 1, 2 (4...)
+    assert max(len(x) for x in queued if type(x) is list) == 17  # ~50 ms a hand-over
+
+
+def test_a_failed_length_agreement_stops_live_detection_not_training(monkeypatch) -> None:
+    mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
+
+    def broken(t, root_rank, name):
+        raise RuntimeError("Horovod is shut down")
+
+    monkeypatch.setattr(mpi_ops, "broadcast", broken)
+    mon = _monitor(monkeypatch, 10, 0)
+    mon.window_s = 5.0
+    for s in range(30):  # the first window's end: the agreement fails; no exception out
+        mon.on_step(_step_rows(s, 10_000 * MS + s * 3 * MS, 1.0))
+    assert mon._stopped and mon.windows_sent == 1 and mon.length == 10
+
+
+def test_window_lengths_are_bounded() -> None:
+    assert live.window_steps(3e6, 100, 5.0) == 1667
+    assert live.window_steps(50e6, 100, 5.0) == 100  # long steps: HVTRACE_LIVE_EVERY
+    assert live.window_steps(0.1e6, 100, 5.0) == live.MAX_WINDOW_STEPS
+    assert live.window_steps(0.1e6, 5000, 5.0) == 5000  # a larger HVTRACE_LIVE_EVERY wins
+    assert live.window_steps(3e6, 100, 0.0) == 100  # HVTRACE_LIVE_S=0: steps only
+    assert live.window_steps(float("nan"), 100, 5.0) == 100
+    assert live.chunk_steps(100e6) == live.CHUNK_STEPS
+    assert live.chunk_steps(0.01e6) == live.CHUNK_MAX_STEPS
 
 
 def test_a_live_thread_that_failed_is_handed_nothing_more(monkeypatch) -> None:
