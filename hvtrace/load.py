@@ -486,7 +486,7 @@ def _parse_header(path: Path, raw: bytes | None, where: str) -> dict[str, Any]:
         raise TraceError(_problem(path, f"no hvtrace header in the file's {where}"))
     try:
         header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         raise TraceError(_problem(path, "hvtrace header is not valid JSON")) from None
     if not isinstance(header, dict):
         raise TraceError(_problem(path, "hvtrace header is not a JSON object"))
@@ -830,7 +830,7 @@ def _parse_status(meta: Any) -> dict[str, Any] | None:
         return None
     try:
         st = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return st if isinstance(st, dict) else None
 

@@ -104,6 +104,8 @@ def _decode_events(text: str) -> tuple[list[dict], str]:
             obj, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             return out, f"an incomplete event after {len(out)} events"
+        except (ValueError, RecursionError):  # an integer too long, nesting too deep
+            return out, f"an event that cannot be decoded after {len(out)} events"
         if isinstance(obj, dict):
             out.append(obj)
 

@@ -749,6 +749,29 @@ def _to_arrow(df: pd.DataFrame) -> Any:
     return pa.table(cols, names=t.schema.names)
 
 
+#: A cell a spreadsheet would run as a formula begins with one of these (OWASP, "CSV Injection").
+_FORMULA_START = r"^[=+\-@\t\r]"
+
+
+def csv_safe(table: Any) -> Any:
+    """``table`` with every text cell a spreadsheet would run as a formula (``=HYPERLINK(...)``,
+    ``+1``, ``-1+2``, ``@SUM(...)``, or a leading tab or carriage return) prefixed with ``'``, as
+    OWASP advises: names in a trace are the user's or anyone's (a tensor, a span, a host) and a
+    CSV is opened in spreadsheets. Numbers are numeric columns and are left alone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = []
+    for i, f in enumerate(table.schema):
+        c = table.column(i)
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            risky = pc.match_substring_regex(c, _FORMULA_START)
+            quote, empty = pa.scalar("'", f.type), pa.scalar("", f.type)
+            c = pc.if_else(risky, pc.binary_join_element_wise(quote, c, empty), c)
+        cols.append(c)
+    return pa.table(cols, names=table.schema.names)
+
+
 def write_tables(
     a: Analysis,
     out_dir: str | os.PathLike,
@@ -758,7 +781,8 @@ def write_tables(
 ) -> list[Path]:
     """Write :func:`export_tables` into ``out_dir`` as ``NAME.csv`` or ``NAME.parquet``.
 
-    Each file is written whole or not at all, never over one of ``inputs``. Returns the files
+    Each file is written whole or not at all, never over one of ``inputs``; CSV cells that a
+    spreadsheet would run are neutralized (:func:`csv_safe`). Returns the files
     written. Raises :class:`TraceError` when the directory cannot be written.
     """
     if fmt not in ("csv", "parquet"):
@@ -773,7 +797,7 @@ def write_tables(
             if fmt == "csv":
                 import pyarrow.csv as pacsv
 
-                pacsv.write_csv(table, f)
+                pacsv.write_csv(csv_safe(table), f)
             else:
                 import pyarrow.parquet as pq
 

@@ -363,20 +363,40 @@ def scalar(name: str, value: Any, agree: bool = False) -> None:
     if rec is None or not rec.enabled:
         return
     try:
-        if hasattr(value, "is_cuda"):
-            if value.is_cuda:
-                _warn_once(
-                    "hvtrace.scalar() got a CUDA tensor and did not record it (reading it "
-                    "would synchronize the device); pass a Python number instead"
-                )
-                return
-            value = value.detach().item()
+        if getattr(value, "is_cuda", False):
+            _warn_once(
+                "hvtrace.scalar() got a CUDA tensor and did not record it (reading it "
+                "would synchronize the device); pass a Python number instead"
+            )
+            return
+        number = _number(value)
+        if number is None:
+            _warn_once(
+                f"hvtrace.scalar() got a {type(value).__name__}, not a number nor a one-element "
+                "tensor, and did not record it (recording goes on)"
+            )
+            return
         t = monotonic_ns()
         step = rec.step - 1 if rec.between_steps and rec.step > 0 else rec.step
         flags = _FLAG_AGREE if agree else 0
-        rec.add(_K_SCALAR, str(name), t, t, value=float(value), flags=flags, step=step)
+        rec.add(_K_SCALAR, str(name), t, t, value=number, flags=flags, step=step)
     except Exception as e:  # noqa: BLE001
         rec.fail(f"recording scalar {name!r}: {e}")
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float (a number, a numpy scalar, a one-element CPU tensor or array), else
+    None: a value of the user's that cannot be stored is dropped, never a reason to stop."""
+    try:
+        if hasattr(value, "detach"):
+            value = value.detach()
+        if hasattr(value, "item") and not isinstance(value, (int, float)):
+            value = value.item()
+        if isinstance(value, (str, bytes)):
+            return None
+        return float(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
 
 
 _warned: set[str] = set()

@@ -72,9 +72,30 @@ def _fixed(values: Any, np_dtype: Any, pa_type: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(pa_type, len(a), [None, pa.py_buffer(a)])
 
 
+def _utf8(value: str) -> bytes:
+    """``value`` as UTF-8; a string that has none (a lone surrogate, as ``os.fsdecode`` makes of
+    a file name that is not UTF-8) is stored with that code point escaped (``\\udcff``, one
+    warning), not as bytes that would make the whole batch unreadable."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        if "escaped" not in _warned:
+            _warned.add("escaped")
+            log.warning(
+                "hvtrace: a span or scalar name is not valid Unicode (%r); stored with the "
+                "invalid code points escaped",
+                value[:200],
+            )
+        return value.encode("utf-8", "backslashreplace")
+
+
+#: Warnings given once per process.
+_warned: set[str] = set()
+
+
 def _strings(values: list[str]) -> pa.Array:
     """A UTF-8 string array of ``values`` (offsets + data buffers; see :func:`_fixed`)."""
-    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+    encoded = [_utf8(v) for v in values]
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
     data = pa.py_buffer(b"".join(encoded))

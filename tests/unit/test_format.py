@@ -511,6 +511,7 @@ def _hdr(rank: int = 0, size: int = 1, **kw) -> dict[bytes, bytes]:
 PARQUET_CASES = {
     "no header": ({}, None, "no hvtrace header"),
     "header not json": ({HEADER_KEY: b"{nope"}, None, "not valid JSON"),
+    "header nested too deep": ({HEADER_KEY: b"[" * 100_000 + b"]" * 100_000}, None, "valid JSON"),
     "version 3": (_hdr(version=3), None, "version 3"),
     "rank outside size": (_hdr(3, 2), None, "outside size"),
     "wrong columns": (

@@ -79,6 +79,26 @@ def test_a_timeline_cut_off_by_a_killed_job_keeps_what_was_written(tmp_path: Pat
     assert all(r["count"] >= 2 for r in out["tensors"])
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    ['{"a": ' * 50_000 + "1" + "}" * 50_000, '{"ph": "X", "ts": ' + "9" * 5000 + "}"],
+    ids=["nested-too-deep", "integer-too-long"],
+)
+def test_an_event_that_cannot_be_decoded_keeps_the_events_before_it(
+    tmp_path: Path, hostile: str
+) -> None:
+    """A hostile event (JSON nested 50,000 deep, an integer of 5,000 digits) ends the read
+    there, with the reason; the events before it are kept, never a traceback."""
+    whole = _write(tmp_path / "t.json", _events(n_occ=4)).read_text()
+    cut = whole.rindex(',\n{"ph": "B", "name": "NEGOTIATE_ALLREDUCE"')
+    p = tmp_path / "hostile.json"
+    p.write_text(whole[:cut] + ",\n" + hostile + whole[cut:])
+    tl = read_timeline(p)
+    assert tl.partial.startswith("cut off") and "cannot be decoded" in tl.partial
+    assert 0 < tl.events < len(_events(n_occ=4))
+    assert merge(tl, None, None)["tensors"]
+
+
 def test_not_a_timeline_is_a_one_line_error(tmp_path: Path) -> None:
     p = tmp_path / "junk.json"
     p.write_text('{"not": "an array"}')

@@ -14,11 +14,15 @@ import stat
 import threading
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+from helpers import make_header
 
 from hvtrace.cli import main
 from hvtrace.errors import TraceError
 from hvtrace.export.output import open_output
+from hvtrace.record import recorder as R
+from hvtrace.schema import KIND_CODE
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "balanced_2rank"
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
@@ -226,3 +230,31 @@ def test_standard_output_on_a_full_device(cmd: str) -> None:
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert lines == ["hvtrace: error: cannot write the output (No space left on device)"]
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_neutralized(tmp_path: Path) -> None:
+    """Names in a trace are anyone's (a span, a tensor, a host): a CSV cell beginning with =, +,
+    -, @, a tab or a carriage return is prefixed with ' (OWASP), in every table; the Parquet
+    tables keep the names as they are."""
+    hostile = ['=HYPERLINK("http://evil","x")', "+1+1", "-2+3", "@SUM(A1)", "\tcmd"]
+    run = tmp_path / "run"
+    rec = R.Recorder(run, make_header(), flush_interval_s=30)
+    t = 1_000_000
+    for s in range(6):
+        rec.step = s
+        rec.add(KIND_CODE["forward"], "forward", t, t + 1000)
+        rec.add(KIND_CODE["step"], "step", t, t + 2000)
+        for i, name in enumerate(hostile):
+            rec.add(KIND_CODE["user"], name, t + 10 * i, t + 10 * i + 5)
+        t += 10_000
+    rec.close()
+    assert main(["analyze", str(run), "--csv", str(tmp_path / "csv")]) == 0
+    assert main(["analyze", str(run), "--parquet", str(tmp_path / "pq")]) == 0
+    for f in (tmp_path / "csv").glob("*.csv"):
+        for line in f.read_text().splitlines():
+            for cell in line.split(","):
+                assert not cell.strip('"').startswith(("=", "+", "@", "\t")), (f.name, cell)
+    text = (tmp_path / "csv" / "user_spans.csv").read_text()
+    assert "'=HYPERLINK(" in text and "'@SUM(A1)" in text and "'-2+3" in text
+    names = set(pq.read_table(tmp_path / "pq" / "spans.parquet").column("name").to_pylist())
+    assert set(hostile) <= names  # the data itself is not changed
