@@ -82,6 +82,9 @@ class RankFile:
     #: Why reading stopped at an implausible batch (a decompression bomb); "" when it did not.
     refused: str = ""
     dropped: int = 0  # spans the recorder dropped because the writer fell behind
+    #: Rows lacking a step, kind or time (null: hvtrace never writes one; damage or tampering),
+    #: left out of every figure (a Parquet file not read: as its footer's statistics state).
+    missing: int = 0
     last_step: int = -1  # the rank's step counter at its last flush
     writer_cpu_s: float = 0.0  # CPU time hvtrace's writer spent on this file (as last reported)
     clock: list[ClockEstimate] = field(default_factory=list)  # the estimates used to align
@@ -166,6 +169,7 @@ class RankFile:
                 table, err = _read_row_groups(pf, groups, need)
             if err is not None:
                 raise TraceError(_problem(self.path, err))
+            table = complete_rows(table)[0]
         else:
             table = self.table
         if steps is not None:
@@ -186,7 +190,8 @@ def salvage(rf: RankFile) -> str | None:
     with _open_parquet_file(rf.path) as pf:
         n = len(rf.row_group_steps) if rf.refused else pf.num_row_groups  # never the bomb
         table, err = _read_row_groups(pf, range(n), list(COLUMNS))
-    rf.table, rf.spans_read = table, True
+    (rf.table, rf.missing), rf.spans_read = complete_rows(table), True
+    table = rf.table
     if err is None:
         return None
     rf.truncated, rf.n_spans = True, table.num_rows
@@ -241,6 +246,12 @@ def span_sources(run: Run, steps: StepRange | None = None) -> list[RankSource]:
     return out
 
 
+#: Columns every span needs; a row with a null in one is left out (:func:`complete_rows`).
+REQUIRED_COLUMNS: Final = ("step", "kind", "start_ns", "end_ns")
+#: The rows :func:`complete_rows` keeps, in SQL.
+_COMPLETE_SQL: Final = " AND ".join(f"{c} IS NOT NULL" for c in REQUIRED_COLUMNS)
+
+
 def span_relation(
     con: Any, sources: Sequence[RankSource], new_name: Callable[[], str]
 ) -> tuple[str, dict[str, Any], list[str]]:
@@ -267,7 +278,7 @@ def span_relation(
             params[f"ranks{version}"] = [int(s.rank if s.rank is not None else -1) for s in files]
             parts.append(
                 f"SELECT list_extract($ranks{version}, file_index::INTEGER + 1)::INTEGER AS rank, "
-                f"{cols} FROM read_parquet($files{version})"
+                f"{cols} FROM read_parquet($files{version}) WHERE {_COMPLETE_SQL}"
             )
     for s in sources:
         if s.parquet is not None:
@@ -860,7 +871,8 @@ def read_rank_file(path: str | os.PathLike, read_spans: bool = True) -> RankFile
                 _apply_status(rf, status)
         rf.truncated, rf.refused = scan.truncated, scan.refused
         if batches:
-            rf.table = with_all_columns(pa.Table.from_batches(batches, schema=schema))
+            table = with_all_columns(pa.Table.from_batches(batches, schema=schema))
+            rf.table, rf.missing = complete_rows(table)
     rf.n_spans = rf.table.num_rows
     return rf
 
@@ -952,6 +964,7 @@ def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
             n_spans=pf.metadata.num_rows,
             spans_read=False,
             row_group_steps=_row_group_steps(pf.metadata),
+            missing=_footer_nulls(pf.metadata),
         )
         _start_clock(rf)
         if status is not None:
@@ -962,12 +975,13 @@ def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
             rf.refused, rf.truncated = why, True
             rf.row_group_steps = rf.row_group_steps[:n_ok]
             table, err = _read_row_groups(pf, range(n_ok), list(COLUMNS))
-            rf.table, rf.spans_read, rf.n_spans = table, True, table.num_rows
+            (rf.table, rf.missing), rf.spans_read = complete_rows(table), True
+            rf.n_spans = rf.table.num_rows
             if err is not None:
                 log.debug("%s", _problem(path, err))
         elif read_spans:
             table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
-            rf.table, rf.spans_read = table, True
+            (rf.table, rf.missing), rf.spans_read = complete_rows(table), True
             if err is not None:  # keep the row groups before the damage, as for a cut stream
                 log.debug("%s", _problem(path, err))
                 rf.truncated, rf.n_spans = True, table.num_rows
@@ -1033,6 +1047,32 @@ def _read_row_groups(
     if not tables:
         return pa.schema([FILE_SCHEMA.field(c) for c in columns]).empty_table(), err
     return pa.concat_tables(tables).unify_dictionaries(), err
+
+
+def complete_rows(table: pa.Table) -> tuple[pa.Table, int]:
+    """``table`` without the rows that lack one of :data:`REQUIRED_COLUMNS` (of those it has),
+    and how many those were."""
+    cols = [c for c in REQUIRED_COLUMNS if c in table.column_names]
+    if not any(table.column(c).null_count for c in cols):
+        return table, 0
+    ok = pc.is_valid(table.column(cols[0]))
+    for c in cols[1:]:
+        ok = pc.and_(ok, pc.is_valid(table.column(c)))
+    kept = table.filter(ok)
+    return kept, table.num_rows - kept.num_rows
+
+
+def _footer_nulls(md: pq.FileMetaData) -> int:
+    """Nulls in :data:`REQUIRED_COLUMNS` as a Parquet footer's statistics state them."""
+    idx = [COLUMNS.index(c) for c in REQUIRED_COLUMNS]
+    n = 0
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for i in idx:
+            st = rg.column(i).statistics if i < rg.num_columns else None
+            if st is not None and st.has_null_count:
+                n += max(int(st.null_count), 0)
+    return n
 
 
 # -- a run directory ---------------------------------------------------------------------------
@@ -1174,6 +1214,13 @@ def open_run(
         if rf.dropped:
             problems.append(
                 _problem(p, f"the recorder dropped {rf.dropped} spans (the writer fell behind)")
+            )
+        if rf.missing:
+            problems.append(
+                _problem(
+                    p,
+                    f"{rf.missing} spans lack a step, kind or time (null; damage?): left out",
+                )
             )
         prev = files.get(rf.rank)
         if prev is not None:

@@ -584,3 +584,33 @@ def test_damaged_row_group_keeps_what_is_readable(tmp_path: Path) -> None:
     lazy = open_run(tmp_path)
     assert len(lazy.spans) == full.spans and lazy.files[0].truncated
     assert any("unreadable" in p for p in lazy.problems), lazy.problems
+
+
+@pytest.mark.parametrize("form", ["parquet", "arrows"])
+@pytest.mark.parametrize("col", ["step", "kind", "start_ns", "end_ns"])
+def test_a_span_lacking_a_step_kind_or_time_is_left_out_and_reported(
+    tmp_path: Path, form: str, col: str, capsys
+) -> None:
+    """hvtrace never writes a null there; a file that has one (damage, tampering) is analyzed
+    without that row, and the problem says how many rows were left out (was: an internal error,
+    OverflowError or 'cannot convert NA to integer', and nothing analyzed)."""
+    import pyarrow.compute as pc
+
+    from hvtrace.cli import main
+
+    t = _good_table()
+    i = t.schema.get_field_index(col)
+    c = t.column(col).combine_chunks()
+    c = pc.if_else(pa.array([j == 3 for j in range(len(c))]), pa.scalar(None, c.type), c)
+    t = t.set_column(i, t.schema.field(i), c)
+    path = tmp_path / f"rank00000-{RUN}.{form}"
+    if form == "parquet":
+        _write_parquet(path, t, _hdr())
+    else:
+        with pa.ipc.new_stream(str(path), t.schema.with_metadata(_hdr())) as w:
+            w.write_table(t)
+    run = load_run(tmp_path)
+    assert len(run.spans) == t.num_rows - 1
+    assert [p for p in run.problems if "1 spans lack a step, kind or time" in p], run.problems
+    assert main(["analyze", str(tmp_path), "--json", str(tmp_path / "a.json")]) == 0
+    assert "lack a step, kind or time" in capsys.readouterr().out
