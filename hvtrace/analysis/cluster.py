@@ -127,8 +127,8 @@ def dask_client(spec: str, connect_timeout_s: float | None = None) -> Iterator[A
             )
             client = Client(cluster, timeout=connect_timeout_s)
         else:
-            client = Client(address, timeout=connect_timeout_s)
-    except (OSError, TimeoutError, ValueError) as exc:
+            client = _connect(Client, address, connect_timeout_s)
+    except (OSError, TimeoutError, ValueError, TypeError, ImportError) as exc:
         if cluster is not None:
             cluster.close()
         what = "start a local Dask cluster" if address == "local" else f"reach {address}"
@@ -141,6 +141,35 @@ def dask_client(spec: str, connect_timeout_s: float | None = None) -> Iterator[A
         finally:
             if cluster is not None:
                 cluster.close()
+
+
+def _connect(client_cls: Any, address: str, timeout_s: float) -> Any:
+    """``client_cls(address)``, or TimeoutError when no Dask scheduler has answered within
+    ``timeout_s`` (plus a second): ``Client``'s own timeout does not bound a handshake with a
+    server that accepts the connection and never answers as a scheduler (an HTTP server, such
+    as the Dask dashboard's port). The attempt runs on a daemon thread, left behind when it
+    hangs (the process exits all the same)."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            out["client"] = client_cls(address, timeout=timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    t = threading.Thread(target=attempt, name="hvtrace-dask-connect", daemon=True)
+    t.start()
+    t.join(timeout_s + 1.0)
+    if t.is_alive():
+        raise TimeoutError(
+            f"no Dask scheduler answered within {timeout_s:g} s (is it a scheduler's address? "
+            "the dashboard's port, 8787, is not)"
+        )
+    if "error" in out:
+        raise out["error"]
+    return out["client"]
 
 
 def _quiet_dask() -> None:

@@ -131,6 +131,31 @@ def test_unreachable_scheduler_is_one_line(run_dir: Path, capsys, monkeypatch) -
         assert len(err.splitlines()) == 1 and "--dask" in err, err
 
 
+def test_an_address_that_is_not_a_scheduler_is_one_line_not_a_hang(
+    run_dir: Path, capsys, monkeypatch
+) -> None:
+    """An HTTP server at the address (Python's http.server, or the Dask dashboard's port, a
+    common slip) accepts the connection and never answers as a scheduler: one line, exit 2,
+    within the connect timeout; a scheme this install cannot use (tls:// without a security
+    configuration, ucx:// without ucx-py) is one line too (was: a hang, internal errors)."""
+    import http.server
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    monkeypatch.setattr(hv_cluster, "CONNECT_TIMEOUT_S", 2.0)
+    try:
+        for address in (f"tcp://127.0.0.1:{port}", f"tls://127.0.0.1:{port}", "ucx://127.0.0.1:1"):
+            t0 = time.monotonic()
+            assert cli.main(["analyze", str(run_dir), "--dask", address]) == 2
+            took = time.monotonic() - t0
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and f"cannot reach {address}" in err, err
+            assert "internal error" not in err and took < 10, (err, took)
+    finally:
+        server.shutdown()
+
+
 class _SlowTasks(distributed.WorkerPlugin):
     """A worker plugin that makes each task take at least ``delay_s`` (so a kill lands inside
     one). It sleeps in the executing thread, not the worker's event loop."""
