@@ -41,7 +41,10 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
     results = compact_run(args.run_dir, run_id=args.run_id, progress=_progress("compacting"))
     if not results:
-        print(f"{args.run_dir}: nothing to compact (no .arrows files; closed files are .parquet)")
+        print(
+            f"{printable(args.run_dir)}: nothing to compact (no .arrows files; closed files are "
+            ".parquet)"
+        )
         return 0
     before = after = spans = done = 0
     for r in results:
@@ -56,12 +59,14 @@ def _cmd_compact(args: argparse.Namespace) -> int:
             elif not r.final:
                 state = " (not closed cleanly)"
             verb = "compacted" if r.action == "compacted" else "already compacted"
+            if r.stale_bytes:
+                state += f"; removed {r.stale_bytes:,} bytes an interrupted compaction left"
             print(
-                f"{r.source} -> {r.target.name}: {verb}, {r.spans:,} spans, "
+                f"{printable(r.source)} -> {printable(r.target.name)}: {verb}, {r.spans:,} spans, "
                 f"{r.bytes_before:,} -> {r.bytes_after:,} bytes{state}"
             )
         else:
-            print(f"{r.source}: left as is: {r.reason}")
+            print(f"{printable(r.source)}: left as is: {printable(r.reason)}")
     ratio = f" ({after / before:.0%} of the size)" if before else ""
     print(
         f"total: {done} of {len(results)} file(s) compacted, {spans:,} spans, "

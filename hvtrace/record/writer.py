@@ -16,6 +16,7 @@ import json
 import logging
 import operator
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -383,6 +384,8 @@ class CompactResult:
     final: bool = False  # the stream's last batch said the file was closed cleanly
     truncated: bool = False  # the stream ended inside a batch (crash or damage)
     reason: str = ""
+    #: Bytes of temporary files an interrupted compaction of this file left, removed now.
+    stale_bytes: int = 0
 
     @property
     def done(self) -> bool:
@@ -484,6 +487,8 @@ def compact(
         if live_check and not _try_lock(fd):
             result.reason = "a running rank is still writing it (locked)"
             return result
+        if live_check:  # the lock is ours: no compaction of this file runs but this one
+            result.stale_bytes = _remove_stale_temps(src.parent, target.name)
         header = read_header(src)
         if os.path.lexists(target):
             return _resume(src, target, header, fd, result)
@@ -681,6 +686,36 @@ def _fsync_dir(d: Path) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+#: The temporary file a compaction writes (``mkstemp(prefix="." + target, suffix=".tmp")``).
+_TEMP_RANDOM = re.compile(r"[a-z0-9_]{8}\.tmp")
+
+
+def _remove_stale_temps(directory: Path, target_name: str) -> int:
+    """Remove what an interrupted compaction of ``target_name`` left (a killed ``hvtrace
+    compact``: its temporary file, up to the whole Parquet file's size); return the bytes.
+    Only files of exactly that name's form (``.TARGET`` + ``mkstemp``'s 8 characters +
+    ``.tmp``), regular (never a link), of this user: what compaction creates. Called holding
+    the source stream's lock, so no other compaction of it can be writing one."""
+    prefix = "." + target_name
+    freed = 0
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return 0
+    for n in names:
+        if not _TEMP_RANDOM.fullmatch(n[len(prefix) :]):
+            continue
+        p = directory / n
+        try:
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                p.unlink()
+                freed += st.st_size
+        except OSError:
+            continue
+    return freed
 
 
 def _try_lock(fd: int) -> bool:

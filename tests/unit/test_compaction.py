@@ -591,3 +591,41 @@ def test_read_table_reads_only_the_row_groups_of_the_steps(tmp_path: Path, monke
     assert srf.read_table(steps=StepRange(3, None)).column("step").to_pylist() == list(range(3, 9))
     with pytest.raises(ValueError, match="unknown span column"):
         srf.read_table(columns=["nope"])
+
+
+def test_a_rerun_removes_what_a_killed_compaction_left_and_says_so(tmp_path: Path, capsys) -> None:
+    """``hvtrace compact`` killed midway leaves its temporary file (hidden, up to the Parquet
+    file's size); the next run removes it and says how much, and removes nothing else: not a
+    file of another name, not a link, not one named like it with other characters."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    batches = [[row("step", "step", 10 * i, 10 * i + 5, step=i)] for i in range(4)]
+    stream = run_dir / f"rank00000-{RUN}.arrows"
+    write_rank_file(stream, make_header(0, 1, RUN), batches)
+    target = stream.with_suffix(".parquet").name
+    stale = run_dir / f".{target}k3x_9q0z.tmp"
+    stale.write_bytes(b"x" * 7000)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    keep = [
+        run_dir / f".{target}link0000.tmp",  # a link, though named like one
+        run_dir / f".{target}abc.tmp",  # not mkstemp's form
+        run_dir / f".other.parquet{'a' * 8}.tmp",
+    ]
+    keep[0].symlink_to(victim)
+    keep[1].write_text("mine")
+    keep[2].write_text("someone's")
+    assert cli_main(["compact", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "removed 7,000 bytes an interrupted compaction left" in out, out
+    assert not stale.exists() and all(p.is_symlink() or p.exists() for p in keep)
+    assert victim.read_text() == "precious"
+    assert load_run(run_dir).spans.shape[0] == 4
+
+
+def test_compact_prints_hostile_names_as_visible_escapes(tmp_path: Path, capsys) -> None:
+    run_dir = tmp_path / "run\x1b]0;pwned\x07"
+    run_dir.mkdir()
+    assert cli_main(["compact", str(run_dir)]) in (0, 2)
+    captured = capsys.readouterr()
+    assert "\x1b" not in captured.out + captured.err and "\\x1b" in captured.out + captured.err
