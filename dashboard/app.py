@@ -533,7 +533,7 @@ def create_app(run: Run, data: DashboardData | None = None, feed: Any = None) ->
         data = DashboardData.from_run(run)
     app = _PageDash(
         __name__,
-        title=f"hvtrace · {html.escape(data.run_id)}",  # Dash puts the title in raw HTML
+        title=f"hvtrace · {html.escape(printable(data.run_id))}",  # Dash writes it as raw HTML
         update_title=None,
         serve_locally=True,
         assets_ignore=".*",
@@ -634,6 +634,18 @@ def sample_run_dir() -> Path:
     )
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback only (``localhost``, ``127.x``, ``::1``)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _check_can_listen(host: str, port: int) -> None:
     """Raise TraceError (one line, exit 2) now if ``host:port`` cannot be bound, before loading."""
     import socket
@@ -671,6 +683,13 @@ def serve(
     if not 0 <= port <= 65535:
         raise TraceError(f"--port {port} is not a port number")
     _check_can_listen(host, port)
+    if not _loopback(host):
+        log.warning(
+            "hvtrace dashboard: listening on %s, not on this machine's loopback: anyone who can "
+            "reach it on port %d can read this run (names, hosts, timings); there is no login",
+            "every interface" if host in ("0.0.0.0", "::", "") else host,
+            port,
+        )
     t0 = time.perf_counter()
     from hvtrace_dashboard.live import POLL_S, LiveFeed
 

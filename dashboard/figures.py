@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from hvtrace.units import format_bytes
+from hvtrace.units import format_bytes, printable
 
 #: Colour of each span kind in the timeline (and its legend order).
 KIND_COLORS: dict[str, str] = {
@@ -105,9 +105,12 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
 
 def esc(text: object) -> str:
     """Text from a trace file (a name, a host) made safe to show in a figure: plotly reads a
-    subset of HTML in labels and hover text, so ``<``, ``>``, ``&`` and quotes are escaped and
-    the name is shown as it is, never as markup."""
-    return html.escape(str(text), quote=True)
+    subset of HTML in labels and hover text, so ``<``, ``>`` and ``&`` are escaped and the name
+    is shown as it is, never as markup (quotes are not: plotly shows ``&quot;`` as it is
+    written, and without ``<`` no attribute can be opened); control and bidirectional
+    characters (U+202E would reverse the text around it) are shown as visible escapes
+    (:func:`hvtrace.units.printable`)."""
+    return html.escape(printable(text), quote=False)
 
 
 def rank_labels(ranks: Sequence[int], hosts: dict[int, str] | None = None) -> list[str]:

@@ -688,3 +688,24 @@ def test_header_lists_hosts_with_their_ranks() -> None:
     line = hosts_line(many, limit=3)
     assert line.startswith("20 host(s): h00 (ranks 0-1), h01 (ranks 2-3), h02 (ranks 4-5)")
     assert line.endswith("… 17 more")
+
+
+def test_names_in_figures_are_shown_as_they_are_never_as_markup_or_reversed() -> None:
+    """plotly reads a subset of HTML in labels and hover text: < > & are escaped; a quote is
+    not (plotly would show "&quot;" as written); a bidirectional control (U+202E reverses the
+    text around it) and control characters are visible escapes."""
+    from hvtrace_dashboard.figures import esc
+
+    assert esc('<img src=x onerror=alert(1)> "q" & co') == (
+        '&lt;img src=x onerror=alert(1)&gt; "q" &amp; co'
+    )
+    assert esc("gpu\u202e1.0") == "gpu\\u202e1.0" and esc("a\x1b[2Jb") == "a\\x1b[2Jb"
+
+
+def test_a_dashboard_off_the_loopback_warns_that_anyone_can_read_it() -> None:
+    from hvtrace_dashboard.app import _loopback
+
+    assert _loopback("127.0.0.1") and _loopback("localhost") and _loopback("::1")
+    assert _loopback("127.8.9.1")
+    assert not _loopback("0.0.0.0") and not _loopback("::") and not _loopback("10.1.2.3")
+    assert not _loopback("example.org")
