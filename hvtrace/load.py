@@ -1075,6 +1075,20 @@ def _footer_nulls(md: pq.FileMetaData) -> int:
     return n
 
 
+#: Problems of one kind listed one by one at most; the rest are counted in one line.
+MAX_LISTED_PROBLEMS: Final = 10
+
+
+def summarize_problems(problems: list[str], what: str) -> list[str]:
+    """``problems`` as they are when there are at most :data:`MAX_LISTED_PROBLEMS`, else the
+    first of them and one line counting the rest (20,000 junk files in a run directory are a
+    few lines, not 20,000)."""
+    if len(problems) <= MAX_LISTED_PROBLEMS:
+        return problems
+    rest = len(problems) - MAX_LISTED_PROBLEMS
+    return [*problems[:MAX_LISTED_PROBLEMS], f"... and {rest:,} more {what}s (not listed)"]
+
+
 # -- a run directory ---------------------------------------------------------------------------
 def find_trace_files(run_dir: str | os.PathLike) -> list[Path]:
     """Return the trace files (``*.arrows``, ``*.parquet``) in ``run_dir`` (sorted); raise
@@ -1144,6 +1158,7 @@ def open_run(
         if not paths:
             raise TraceError(f"{run_dir}: no trace file of rank(s) {format_ranks(selected)}")
     problems: list[str] = []
+    unreadable: list[str] = []
     headers: dict[Path, dict[str, Any]] = {}
     opened: dict[Path, RankFile] = {}  # Parquet: the footer read once gives header and status
     for p in paths:
@@ -1154,12 +1169,13 @@ def open_run(
             else:
                 h = read_header(p)
         except TraceError as exc:
-            problems.append(str(exc))
+            unreadable.append(str(exc))
             continue
         if selected is not None and h["rank"] not in selected:
             log.debug("%s holds rank %s, not selected; skipped", p, h["rank"])
             continue
         headers[p] = h
+    problems += summarize_problems(unreadable, "unreadable file")
     if not headers:
         if not problems:
             raise TraceError(f"{run_dir}: no trace file of rank(s) {format_ranks(selected or [])}")

@@ -614,3 +614,14 @@ def test_a_span_lacking_a_step_kind_or_time_is_left_out_and_reported(
     assert [p for p in run.problems if "1 spans lack a step, kind or time" in p], run.problems
     assert main(["analyze", str(tmp_path), "--json", str(tmp_path / "a.json")]) == 0
     assert "lack a step, kind or time" in capsys.readouterr().out
+
+
+def test_thousands_of_junk_files_are_summarized_not_listed(good_file) -> None:
+    path = good_file[0]
+    for i in range(300):
+        (path.parent / f"junk{i:04d}.parquet").write_bytes(b"not a Parquet file")
+    run = open_run(path.parent)
+    assert run.ranks == [0]
+    junk = [p for p in run.problems if "junk" in p]
+    assert len(junk) == 10, run.problems
+    assert "... and 290 more unreadable files (not listed)" in run.problems
