@@ -78,7 +78,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from hvtrace.analysis import analyze
     from hvtrace.analysis.engine import parse_size
-    from hvtrace.export.output import check_output
+    from hvtrace.export.output import check_output, check_table_dir
     from hvtrace.export.report import (
         WIDTH,
         format_report,
@@ -113,6 +113,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     for out in (args.json, args.timeline):
         if out and out != "-":
             check_output(out, inputs)
+    for opt, d in (("--csv", args.csv), ("--parquet", args.parquet)):
+        if d:
+            check_table_dir(opt, d, args.run_dir)
     run = open_run(
         args.run_dir, run_id=args.run_id, ranks=args.ranks, progress=_progress("opening files")
     )

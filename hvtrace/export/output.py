@@ -128,6 +128,23 @@ def _mode_for(path: Path) -> int:
     return 0o666 & ~mask
 
 
+def check_table_dir(option: str, path: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
+    """Before an analysis: create the tables' directory ``path`` now (:func:`make_output_dir`)
+    and refuse the run directory itself for Parquet tables, whose files every later analysis of
+    the run would take for damaged trace files (one-line :class:`TraceError`)."""
+    d = make_output_dir(path)
+    try:
+        same = os.path.samefile(d, run_dir)
+    except OSError:
+        same = False
+    if same and option == "--parquet":
+        raise TraceError(
+            f"{option} {d}: that is the run directory; its Parquet files would be taken for "
+            "trace files by every later analysis: choose another directory"
+        )
+    return d
+
+
 def make_output_dir(path: str | os.PathLike) -> Path:
     """Create the output directory ``path`` (and parents) if needed; refuse anything else that
     is there (one-line :class:`TraceError`)."""

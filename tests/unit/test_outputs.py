@@ -258,3 +258,26 @@ def test_csv_cells_a_spreadsheet_would_run_are_neutralized(tmp_path: Path) -> No
     assert "'=HYPERLINK(" in text and "'@SUM(A1)" in text and "'-2+3" in text
     names = set(pq.read_table(tmp_path / "pq" / "spans.parquet").column("name").to_pylist())
     assert set(hostile) <= names  # the data itself is not changed
+
+
+def test_table_directories_are_checked_before_the_analysis(
+    run: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """--parquet into the run directory would leave tables every later analysis takes for
+    damaged trace files: refused; a --csv/--parquet path that is a file is refused too, both
+    before anything is analyzed."""
+    import hvtrace.analysis
+
+    def no_analysis(*a, **k):
+        raise AssertionError("analyzed before the output was checked")
+
+    monkeypatch.setattr(hvtrace.analysis, "analyze", no_analysis)
+    before = _sums(run)
+    assert main(["analyze", str(run), "--parquet", str(run)]) == 2
+    assert "that is the run directory" in _one_line_error(capsys)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for opt in ("--csv", "--parquet"):
+        assert main(["analyze", str(run), opt, str(blocker)]) == 2
+        assert "exists and is not a directory" in _one_line_error(capsys)
+    assert _sums(run) == before
