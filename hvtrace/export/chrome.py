@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hvtrace.errors import TraceError
-from hvtrace.export.output import check_output, make_output_dir
+from hvtrace.export.output import check_output, make_output_dir, output_mode
 from hvtrace.load import Run
 from hvtrace.record.consistency import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.schema import KINDS
@@ -1056,6 +1056,7 @@ class _PartWriter:
             fd, name = tempfile.mkstemp(prefix=f".{self.out.name}.", suffix=".tmp",
                                         dir=self.out.parent)  # fmt: skip
             self.tmp.append(Path(name))
+            os.fchmod(fd, output_mode(self.out))  # mkstemp makes 0600
             raw = os.fdopen(fd, "wb")
         self.f = (
             gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0)
@@ -1073,9 +1074,12 @@ class _PartWriter:
         self._flush()
         other = dict(self.other, part=len(self.tmp) - 1, steps=[self.step_lo, self.step_hi])
         self.f.write(self._tail(other))
-        self.f.close()
         if self.f is not self._raw:
-            self._raw.close()
+            self.f.close()  # the gzip trailer, into the file below
+        self._raw.flush()
+        if not self.stream:  # synced before it is renamed into place, as open_output does
+            os.fsync(self._raw.fileno())
+        self._raw.close()
         self.f = None
 
     def _flush(self) -> None:

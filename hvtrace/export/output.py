@@ -100,7 +100,7 @@ def open_output(
         raise TraceError(f"{p}: cannot write ({exc.strerror or exc})") from None
     done = False
     try:
-        os.fchmod(fd, _mode_for(p))  # mkstemp makes 0600; the output gets what a new file would
+        os.fchmod(fd, output_mode(p))  # mkstemp makes 0600; the output gets what a new file would
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -115,7 +115,7 @@ def open_output(
                 os.unlink(tmp)
 
 
-def _mode_for(path: Path) -> int:
+def output_mode(path: Path) -> int:
     """The permissions of the file being replaced, else those of a new file (0666 & ~umask)."""
     try:
         st = os.stat(path)

@@ -100,10 +100,14 @@ def test_planted_links_at_temp_names_are_not_followed(run: Path, tmp_path: Path)
     assert victim.read_text() == "precious"
     assert json.loads((out / "report.json").read_text())["run_id"]
     assert json.loads((out / "timeline.json").read_text())["traceEvents"]
-    mode = stat.S_IMODE(os.stat(out / "report.json").st_mode)
     umask = os.umask(0)
     os.umask(umask)
-    assert mode == 0o666 & ~umask  # not mkstemp's 0600
+    for name in ("report.json", "timeline.json"):  # a new file's mode, not mkstemp's 0600
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o666 & ~umask, name
+    # replacing a file keeps its mode (a 0644 timeline does not become 0600)
+    os.chmod(out / "timeline.json", 0o640)
+    assert main(["analyze", str(run), "-o", str(out / "timeline.json")]) == 0
+    assert stat.S_IMODE(os.stat(out / "timeline.json").st_mode) == 0o640
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
