@@ -941,16 +941,27 @@ ROW_BYTES: Final = 61
 def plausible_row_groups(md: pq.FileMetaData) -> tuple[int | None, str]:
     """How many row groups of a Parquet file may be decoded: ``(None, "")`` for all, or
     ``(n, why)`` when row group ``n`` claims more rows than its compressed bytes can plausibly
-    hold (decoded, over :data:`MAX_EXPANSION` times their size; hvtrace's expand about 5x)."""
+    hold (decoded, over :data:`MAX_EXPANSION` times their size; hvtrace's expand about 5x), or
+    whose columns the footer says decompress to that much (a dictionary holding one string of a
+    gigabyte is a few kilobytes compressed: rows alone do not show it)."""
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
-        size = sum(rg.column(i).total_compressed_size for i in range(rg.num_columns))
+        cols = [rg.column(i) for i in range(rg.num_columns)]
+        size = sum(max(c.total_compressed_size, 0) for c in cols)
+        limit = max(MIN_REFUSED_BYTES, MAX_EXPANSION * size)
         decoded = max(rg.num_rows, 0) * ROW_BYTES
-        if decoded > max(MIN_REFUSED_BYTES, MAX_EXPANSION * size):
+        if decoded > limit:
             return g, (
                 f"row group {g} of {size:,} bytes claims {rg.num_rows:,} rows "
                 f"(over {MAX_EXPANSION}x decoded): not expanded"
             )
+        for c in cols:
+            if c.total_uncompressed_size > limit:
+                return g, (
+                    f"row group {g} of {size:,} bytes states {c.total_uncompressed_size:,} bytes "
+                    f"uncompressed in column {c.path_in_schema!r} (over {MAX_EXPANSION}x): "
+                    "not expanded"
+                )
     return None, ""
 
 

@@ -625,3 +625,27 @@ def test_thousands_of_junk_files_are_summarized_not_listed(good_file) -> None:
     junk = [p for p in run.problems if "junk" in p]
     assert len(junk) == 10, run.problems
     assert "... and 290 more unreadable files (not listed)" in run.problems
+
+
+def test_a_row_group_whose_dictionary_decompresses_to_a_bomb_is_not_expanded(
+    tmp_path: Path,
+) -> None:
+    """One name of 80 MiB (of one letter) is a few kilobytes compressed: the rows alone look
+    plausible, but the footer states the column's uncompressed size, which is checked too. The
+    row group before it is kept; the file is reported as refused there."""
+    import pyarrow.parquet as pq
+
+    t = _good_table()
+    names = t.column("name").combine_chunks()
+    dictionary = ["x" * (80 << 20), *names.dictionary.to_pylist()[1:]]
+    big = pa.DictionaryArray.from_arrays(names.indices, pa.array(dictionary))
+    i = t.schema.get_field_index("name")
+    bomb = t.set_column(i, t.schema.field(i), big.cast(t.schema.field(i).type))
+    whole = pa.concat_tables([t, bomb]).replace_schema_metadata(_hdr())
+    path = tmp_path / f"rank00000-{RUN}.parquet"
+    pq.write_table(whole, path, row_group_size=t.num_rows, compression="zstd")
+    assert path.stat().st_size < 1 << 20
+    run = load_run(tmp_path)
+    assert len(run.spans) == t.num_rows  # the first row group
+    (msg,) = [p for p in run.problems if "uncompressed" in p]
+    assert "row group 1" in msg and "column 'name'" in msg and "not expanded" in msg
