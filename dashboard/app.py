@@ -523,6 +523,10 @@ def page_layout(data: DashboardData, live: dict[str, Any] | None = None) -> Any:
     return build_layout(data, initial, live)
 
 
+#: The largest request body the dashboard reads (its callbacks send a few hundred bytes).
+MAX_REQUEST_BYTES = 1 << 20
+
+
 def create_app(run: Run, data: DashboardData | None = None, feed: Any = None) -> Dash:
     """Return the Dash app showing ``run`` (analyzed now unless ``data`` is given); ``feed``: a
     :class:`hvtrace_dashboard.live.LiveFeed` for a run still being written (its data is shown,
@@ -539,6 +543,9 @@ def create_app(run: Run, data: DashboardData | None = None, feed: Any = None) ->
         assets_ignore=".*",
     )
     app.index_string = INDEX_STRING
+    # the page's requests are a click or a control's value; a bigger body is refused (413)
+    # before it is read, so that no request can grow the server (a 300 MB body grew it 1.2 GB)
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     _serve_partial_plotly(app)
     if feed is not None:
         status = feed.status()

@@ -709,3 +709,15 @@ def test_a_dashboard_off_the_loopback_warns_that_anyone_can_read_it() -> None:
     assert _loopback("127.8.9.1")
     assert not _loopback("0.0.0.0") and not _loopback("::") and not _loopback("10.1.2.3")
     assert not _loopback("example.org")
+
+
+def test_a_request_body_past_the_bound_is_refused_before_it_is_read() -> None:
+    from hvtrace_dashboard.app import MAX_REQUEST_BYTES, create_app
+
+    client = create_app(
+        None, data=hand_made_data(make_spans(ranks=2, steps=4))
+    ).server.test_client()
+    body = b"{" + b" " * (MAX_REQUEST_BYTES + 10) + b"}"
+    resp = client.post("/_dash-update-component", data=body, content_type="application/json")
+    assert resp.status_code == 413
+    assert client.get("/_dash-layout").status_code == 200  # the server goes on
