@@ -370,7 +370,10 @@ class LiveMonitor:
         self._judge_q: queue.Queue | None = None
         self.judge_skipped = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        #: The live thread takes nothing more (closed, or failed on this rank).
         self._stopped = False
+        #: Closed: on_step does nothing (see close).
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="hvtrace-live", daemon=True)
         self._thread.start()
 
@@ -390,17 +393,22 @@ class LiveMonitor:
         ``chunk_steps`` steps and at the window's end, then the window (and, some windows,
         agree on the next windows' length: :meth:`_agree_length`). Nothing once the live
         thread has stopped (closed, or failed): nothing piles up in its queue."""
-        if self._stopped:
+        if self._closed:
             return
-        window = self.window
-        window.append(rows)
         self.in_window += 1
         full = self.in_window >= self.length
-        if full or len(window) >= self.chunk_steps:
-            self.window = []
-            self._q.put(window)
+        if not self._stopped:
+            window = self.window
+            window.append(rows)
+            if full or len(window) >= self.chunk_steps:
+                self.window = []
+                self._q.put(window)
+            if full:
+                self._q.put(self.windows_sent)
         if full:
-            self._q.put(self.windows_sent)
+            # the windows are counted, and their length agreed, on every rank until it closes,
+            # even where live detection failed: the agreement is a collective on the training
+            # thread, which the other ranks would wait in for ever
             self.windows_sent += 1
             n = self.windows_sent
             if self.window_s > 0 and (n & (n - 1) == 0 or n % AGREE_EVERY_WINDOWS == 0):
@@ -438,7 +446,10 @@ class LiveMonitor:
 
     def close(self) -> None:
         """Stop: the live thread starts no exchange after this and ends (an exchange already in
-        progress completes on every rank, which all hand over the same windows)."""
+        progress completes on every rank, which all hand over the same windows), and
+        :meth:`on_step` does nothing more (every rank closes at the same point: its finish, an
+        elastic reset, or a failed agreement, which fails on every rank)."""
+        self._closed = True
         self._stopped = True
         self._q.put(None)
 

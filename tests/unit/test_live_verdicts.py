@@ -58,7 +58,7 @@ def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
     mon.length, mon.chunk_steps, mon.window_s, mon.window_start_ns = every, live.CHUNK_STEPS, 0, 0
-    mon.offset_ns, mon._stopped, mon.index = offset_ns, False, 0
+    mon.offset_ns, mon._stopped, mon._closed, mon.index = offset_ns, False, False, 0
     mon._q = live.queue.SimpleQueue()
     monkeypatch.setattr(mon, "_stop_judge", lambda: None)
     return mon
@@ -142,7 +142,35 @@ def test_a_failed_length_agreement_stops_live_detection_not_training(monkeypatch
     mon.window_s = 5.0
     for s in range(30):  # the first window's end: the agreement fails; no exception out
         mon.on_step(_step_rows(s, 10_000 * MS + s * 3 * MS, 1.0))
-    assert mon._stopped and mon.windows_sent == 1 and mon.length == 10
+    assert mon._closed and mon.windows_sent == 1 and mon.length == 10
+
+
+def test_a_rank_whose_live_detection_failed_still_agrees_with_the_others(monkeypatch) -> None:
+    """The length agreement is a collective on the training thread: a rank whose live thread
+    failed (or, rank 0, whose judge did) hands nothing over but still counts the windows and
+    takes part in every agreement, at the same steps, or the other ranks would wait in it for
+    ever. Only close() (every rank's finish or reset) ends it."""
+    mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
+    import torch
+
+    names: list[str] = []
+
+    def broadcast(t, root_rank, name):
+        names.append(name)
+        return torch.tensor([50e6], dtype=torch.float64)
+
+    monkeypatch.setattr(mpi_ops, "broadcast", broadcast)
+    mon = _monitor(monkeypatch, 10, 0)
+    mon.window_s = 1.0
+    mon._stopped = True  # the live thread failed
+    for s in range(40):
+        mon.on_step(_step_rows(s, 10_000 * MS + s * 50 * MS, 1.0))
+    assert mon._q.empty() and mon.window == []  # nothing handed over
+    assert mon.windows_sent == 2 and names == ["hvtrace.live.0.len.1", "hvtrace.live.0.len.2"]
+    mon._closed = True
+    for s in range(40):
+        mon.on_step(_step_rows(s, 10_000 * MS + s * 50 * MS, 1.0))
+    assert len(names) == 2 and mon.windows_sent == 2
 
 
 def test_window_lengths_are_bounded() -> None:
