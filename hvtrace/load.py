@@ -947,7 +947,7 @@ def plausible_row_groups(md: pq.FileMetaData) -> tuple[int | None, str]:
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         cols = [rg.column(i) for i in range(rg.num_columns)]
-        size = sum(max(c.total_compressed_size, 0) for c in cols)
+        size = sum(c.total_compressed_size for c in cols)
         limit = max(MIN_REFUSED_BYTES, MAX_EXPANSION * size)
         decoded = max(rg.num_rows, 0) * ROW_BYTES
         if decoded > limit:
