@@ -268,21 +268,25 @@ MAX_WINDOW_STEPS: Final = 2000
 AGREE_EVERY_WINDOWS: Final = 64
 
 
+def _steps_in(seconds: float, step_ns: float, lo: int, hi: int) -> int:
+    """The steps that fill ``seconds`` at a mean step of ``step_ns``, within ``lo`` .. ``hi``
+    (``lo`` wins where it is more); ``lo`` when ``seconds`` is 0 or the step unknown."""
+    if not (seconds > 0 and step_ns > 0 and math.isfinite(step_ns)):
+        return lo
+    return max(lo, min(math.ceil(seconds * 1e9 / step_ns), hi))
+
+
 def window_steps(step_ns: float, every: int, window_s: float) -> int:
     """Steps per window at a mean step of ``step_ns``: at least ``every`` and at least
     ``window_s`` seconds' worth, at most :data:`MAX_WINDOW_STEPS` (or ``every``, where that is
     more). ``every`` when ``window_s`` is 0 or the step unknown."""
-    if not (window_s > 0 and step_ns > 0 and math.isfinite(step_ns)):
-        return every
-    return max(every, min(math.ceil(window_s * 1e9 / step_ns), MAX_WINDOW_STEPS))
+    return _steps_in(window_s, step_ns, every, MAX_WINDOW_STEPS)
 
 
 def chunk_steps(step_ns: float) -> int:
     """Steps handed to the live thread at a time at a mean step of ``step_ns``: about
     :data:`CHUNK_S`, within :data:`CHUNK_STEPS` .. :data:`CHUNK_MAX_STEPS`."""
-    if not (step_ns > 0 and math.isfinite(step_ns)):
-        return CHUNK_STEPS
-    return max(CHUNK_STEPS, min(math.ceil(CHUNK_S * 1e9 / step_ns), CHUNK_MAX_STEPS))
+    return _steps_in(CHUNK_S, step_ns, CHUNK_STEPS, CHUNK_MAX_STEPS)
 
 
 #: How rank 0 starts its judge process: at the lowest CPU priority before anything is imported
