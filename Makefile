@@ -26,16 +26,16 @@ demo-cluster: setup
 
 ## test: lint, then the whole test suite (unit + real horovodrun integration tests)
 test: setup
-	$(VENV)/bin/ruff check hvtrace dashboard tests bench
-	$(VENV)/bin/ruff format --check hvtrace dashboard tests bench
+	$(VENV)/bin/ruff check hvtrace hvtrace_boot setup.py dashboard tests bench
+	$(VENV)/bin/ruff format --check hvtrace hvtrace_boot setup.py dashboard tests bench
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check hvtrace dashboard tests bench
-	$(VENV)/bin/ruff format --check hvtrace dashboard tests bench
+	$(VENV)/bin/ruff check hvtrace hvtrace_boot setup.py dashboard tests bench
+	$(VENV)/bin/ruff format --check hvtrace hvtrace_boot setup.py dashboard tests bench
 
 bench: setup
 	$(PY) bench/format_bench.py

@@ -1,4 +1,5 @@
-"""The ``hvtrace`` command line, all of it: ``info``, ``compact``, ``analyze``, ``dashboard``.
+"""The ``hvtrace`` command line, all of it: ``run``, ``info``, ``compact``, ``analyze``,
+``dashboard``.
 
 Each sub-command is a parser here and a ``_cmd_*`` function that turns its arguments into calls
 of the library (which never sees argparse), importing what it needs only when it runs: ``hvtrace
@@ -34,6 +35,23 @@ def _cmd_info(args: argparse.Namespace) -> int:
     run = open_run(args.run_dir, run_id=args.run_id)
     print(format_info(run))
     return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hvtrace.launch import default_trace_dir, run_traced
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("hvtrace run: no command given: hvtrace run [OPTIONS] -- COMMAND...", file=sys.stderr)
+        return 2
+    return run_traced(
+        command,
+        args.dir or default_trace_dir(),
+        horovod_timeline=args.horovod_timeline,
+        live_every=args.live_every,
+    )
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
@@ -223,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"hvtrace {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    _add_run(sub)
 
     info = sub.add_parser("info", help="show what each rank recorded and where the files are")
     info.add_argument("run_dir", metavar="RUN_DIR", help="directory of rank trace files")
@@ -243,6 +262,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analyze(sub)
     _add_dashboard(sub)
     return p
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="trace a Horovod job without changing it: hvtrace run -- horovodrun -np 4 python ...",
+        description="Run COMMAND (horovodrun, mpirun, a Ray or Spark driver: any launcher that "
+        "passes the environment on) with tracing on by environment: every Horovod "
+        "DistributedOptimizer the job builds (PyTorch, or Lightning's Horovod strategy) is "
+        "traced, the script unchanged. Then prints where the run is and the command that "
+        "analyzes it; exits with COMMAND's exit code.",
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        default=None,
+        help="trace directory (default: hvtrace-runs/YYYYmmdd-HHMMSS)",
+    )
+    p.add_argument(
+        "--horovod-timeline",
+        action="store_true",
+        help="also record Horovod's own timeline (HVTRACE_HOROVOD_TIMELINE=1)",
+    )
+    p.add_argument(
+        "--live-every",
+        metavar="N",
+        type=int,
+        default=None,
+        help="steps per live straggler window at least (HVTRACE_LIVE_EVERY; 0: off)",
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.set_defaults(func=_cmd_run)
 
 
 def _add_analyze(sub: argparse._SubParsersAction) -> None:

@@ -69,7 +69,7 @@ def build_header(
             "tensors": len(params),
             "grad_bytes": int(sum(p.numel() * p.element_size() for p in params)),
         },
-        "model": type(model).__name__ if model is not None else None,
+        "model": model_name(model),
         "framework": framework,
         "mono_anchor_ns": mono,
         "wall_anchor_ns": wall,
@@ -101,3 +101,11 @@ def _version(module: str) -> str | None:
         return __import__(module).__version__
     except Exception:  # noqa: BLE001
         return None
+
+
+def model_name(model: Any) -> str | None:
+    """The model's class name for the header; None without a model, or when it is not known yet
+    (a model found at its first forward, :class:`hvtrace.record.autotrace.ModelFinder`)."""
+    if model is None:
+        return None
+    return getattr(model, "header_name", type(model).__name__)

@@ -123,16 +123,20 @@ def DistributedOptimizer(
     across resets, and a worker that joins later finds the run's id and steps
     (:mod:`hvtrace.record.elastic`).
 
-    Raises ``RuntimeError`` if Horovod is not initialized. Never raises because of tracing: if the
-    trace cannot be written, a warning is logged and the optimizer works untraced.
+    Accepts and rejects what ``hvd.DistributedOptimizer`` does, with Horovod's own errors (it
+    builds Horovod's optimizer first: before ``hvd.init()`` that raises Horovod's ``ValueError``).
+    Never raises because of tracing: where tracing cannot start (the trace cannot be written, an
+    optimizer hvtrace cannot trace), a warning is logged and the optimizer works untraced.
     """
     import horovod.torch as hvd
 
-    if not hvd.is_initialized():
-        raise RuntimeError(
-            "hvtrace.DistributedOptimizer() was called before hvd.init(): call hvd.init() first"
-        )
-    dist = hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, **horovod_kwargs)
+    from hvtrace.record.autotrace import horovod_optimizer_factory
+
+    build = horovod_optimizer_factory(hvd)  # Horovod's own, if tracing by environment patched it
+    dist = build(optimizer, named_parameters=named_parameters, **horovod_kwargs)
+    if not hvd.is_initialized():  # Horovod accepted it uninitialized: so does hvtrace, untraced
+        _warn("hvtrace: DistributedOptimizer() was called before hvd.init(); not tracing")
+        return dist
     trace_optimizer(
         dist,
         model,
@@ -169,16 +173,15 @@ def trace_optimizer(
     "pytorch_lightning", "version": "1.9.5"}``), so that the analysis advises what works there.
 
     Returns the tracer, the one already attached if ``dist`` is traced, or None when not tracing
-    (``HVTRACE=0``, an optimizer hvtrace cannot trace, a failed handshake or set-up: each but the
-    first with one warning). Raises ``RuntimeError`` if Horovod is not initialized.
+    (``HVTRACE=0``, Horovod not initialized, an optimizer hvtrace cannot trace, a failed handshake
+    or set-up: each but the first with one warning).
     """
     import horovod.torch as hvd
 
-    if not hvd.is_initialized():
-        raise RuntimeError(
-            "hvtrace: tracing was asked for before hvd.init(): call hvd.init() first"
-        )
     if not tracing_enabled():
+        return None
+    if not hvd.is_initialized():
+        _warn("hvtrace: tracing was asked for before hvd.init(); not tracing")
         return None
     existing = getattr(dist, "_hvtrace", None)
     if existing is not None:

@@ -39,10 +39,10 @@ def test_dashboard_without_run_dir_from_an_installed_wheel(tmp_path: Path) -> No
     pytest.importorskip("dash")
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "hvtrace-autotrace.pth", "README.md"):
         shutil.copy2(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("hvtrace", "dashboard"):
+    for name in ("hvtrace", "hvtrace_boot", "dashboard"):
         shutil.copytree(REPO / name, src / name, ignore=ignore)
     wheels = tmp_path / "wheels"
     subprocess.run(
@@ -54,6 +54,9 @@ def test_dashboard_without_run_dir_from_an_installed_wheel(tmp_path: Path) -> No
     names = zipfile.ZipFile(wheel).namelist()
     assert sum(n.startswith("hvtrace_dashboard/sample/rank") for n in names) == 2, names
     assert "hvtrace_dashboard/static/plotly-cartesian.min.js" in names
+    # tracing by environment: the start-up hook at the root of site-packages, and its module
+    assert {"hvtrace-autotrace.pth", "hvtrace_boot/__init__.py"} <= set(names), names
+    assert "hvtrace_boot/site/sitecustomize.py" in names, names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -97,6 +100,7 @@ def test_dashboard_without_run_dir_from_an_installed_wheel(tmp_path: Path) -> No
     # the wheel's own modules and its sample, not the checkout's
     assert f"({site}/hvtrace_dashboard/sample)" in out, out
     assert str(REPO) not in out
+    assert (site / "hvtrace-autotrace.pth").is_file()
     assert "<title>hvtrace · 20261122-053616-2f908c</title>" in page
     assert "/_hvtrace/plotly-cartesian-" in page  # the vendored bundle travelled too
     text = json.dumps(layout)

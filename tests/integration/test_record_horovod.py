@@ -12,6 +12,7 @@ import socket
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -356,7 +357,10 @@ def test_unwritable_trace_dir_trains_untraced(unwritable: Job) -> None:
     assert not unwritable.trace_dir.exists()
 
 
-def test_distributed_optimizer_before_init_raises() -> None:
+def test_distributed_optimizer_rejects_what_horovod_rejects() -> None:
+    """Before hvd.init(), and with duplicate parameter names, hvtrace's optimizer raises what
+    Horovod's raises (type and message): it builds Horovod's first (Horovod's test_duplicate_names
+    builds it before hvd.init())."""
     torch = pytest.importorskip("torch")
     hvd = pytest.importorskip("horovod.torch")
     import hvtrace
@@ -364,9 +368,23 @@ def test_distributed_optimizer_before_init_raises() -> None:
     if hvd.is_initialized():
         pytest.skip("Horovod is already initialized in this process")
     model = torch.nn.Linear(4, 2)
-    base = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(RuntimeError, match=r"hvd\.init\(\)"):
-        hvtrace.DistributedOptimizer(base, named_parameters=model.named_parameters())
+
+    def error(build: Any, named: Any) -> tuple[type, str]:
+        base = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(Exception) as caught:
+            build(base, named_parameters=named)
+        return type(caught.value), str(caught.value)
+
+    cases = {
+        "before init": list(model.named_parameters()),
+        "duplicate names": [("same", p) for p in model.parameters()],
+    }
+    for what, named in cases.items():
+        theirs = error(hvd.DistributedOptimizer, named)
+        ours = error(hvtrace.DistributedOptimizer, named)
+        assert ours == theirs, what
+    duplicate = error(hvtrace.DistributedOptimizer, cases["duplicate names"])
+    assert "duplicates" in duplicate[1], duplicate  # Horovod's check ran, not only init's
 
 
 # -- a slowed rank --------------------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""Horovod's own PyTorch tests with hvtrace swapped in by the environment alone.
+
+Horovod's ``test/parallel/test_torch.py`` exercises ``DistributedOptimizer`` in ways hvtrace's
+tests do not (no named parameters, duplicate names, parameters that stop requiring grad, model
+parallelism, sparse embeddings, process sets, gradient clipping, ``synchronize()`` warnings,
+``broadcast_optimizer_state`` options). Each test runs in its own ``horovodrun -np 2 --gloo``
+twice: without hvtrace, and with ``HVTRACE_DIR`` set (hvtrace's start-up hook makes
+``hvd.DistributedOptimizer`` build Horovod's optimizer and trace it, :mod:`hvtrace_boot`). Every
+test must end the same way both times (a test that fails here without hvtrace may fail with it,
+for the same reason); the table says how each ended, whether the traced run recorded rank files,
+and any test that ended differently. Exit status 1 if one did.
+
+The tests are not in Horovod's PyPI package: pass a checkout of Horovod 0.28.1 (its
+``test/parallel/test_torch.py`` and ``test/utils/``)::
+
+    git clone --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod
+    .venv/bin/python bench/horovod_tests.py --horovod-src /tmp/horovod  # optimizer tests
+    .venv/bin/python bench/horovod_tests.py --horovod-src /tmp/horovod --tests all
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+TEST_FILE = Path("test/parallel/test_torch.py")
+#: Words in a test's body that make it an optimizer test (the default selection).
+OPTIMIZER_WORDS = ("DistributedOptimizer", "broadcast_optimizer_state", "optimizer")
+OUTCOME = re.compile(r"\b(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
+ERROR_LINE = re.compile(r"^(?:\[\d+\]<std\w+>:)?E\s+(\w+(?:Error|Exception|Warning)\b.*)$", re.M)
+
+
+def test_names(source: str, which: str) -> list[str]:
+    """The ``TorchTests`` methods to run: ``all``, ``optimizer`` (those whose body mentions the
+    optimizer) or a comma-separated list."""
+    parts = re.split(r"\n    def (test_\w+)\(", source)
+    bodies = dict(zip(parts[1::2], parts[2::2], strict=True))
+    if which == "all":
+        return list(bodies)
+    if which == "optimizer":
+        return [n for n, b in bodies.items() if any(w in b for w in OPTIMIZER_WORDS)]
+    names = [n.strip() for n in which.split(",") if n.strip()]
+    unknown = [n for n in names if n not in bodies]
+    if unknown:
+        raise SystemExit(f"not tests of TorchTests: {', '.join(unknown)}")
+    return names
+
+
+def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float) -> dict:
+    """Run one test under horovodrun; return how it ended."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVTRACE", "HOROVOD_TIME"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if trace is not None:
+        env["HVTRACE_DIR"] = str(trace)
+    node = f"{TEST_FILE}::TorchTests::{name}"
+    cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
+    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+        out, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        rc = None
+    counts = sorted({(m.group(2).rstrip("s"), int(m.group(1))) for m in OUTCOME.finditer(out)})
+    ended = "timeout" if rc is None else "+".join(k for k, _ in counts) or f"exit {rc}"
+    errors = sorted({e.strip()[:120] for e in ERROR_LINE.findall(out)})
+    files = 0
+    if trace is not None and trace.is_dir():
+        files = sum(1 for p in trace.iterdir() if p.suffix in (".arrows", ".parquet"))
+    return {
+        "ended": ended,
+        "rc": rc,
+        "errors": errors,
+        "files": files,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "hvtrace_warnings": sorted(
+            {line.split("hvtrace:", 1)[1].strip()[:160] for line in out.splitlines()
+             if "hvtrace:" in line}
+        ),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--horovod-src", required=True, type=Path, help="a Horovod 0.28.1 checkout")
+    p.add_argument("--tests", default="optimizer", help="all, optimizer (default) or names")
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--timeout-s", type=float, default=300)
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = p.parse_args(argv)
+    src = args.horovod_src / TEST_FILE
+    if not src.is_file():
+        raise SystemExit(f"{src}: not found (--horovod-src must be a Horovod checkout)")
+    names = test_names(src.read_text(), args.tests)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="hvtrace-hvdtests-") as tmp:
+        work = Path(tmp)
+        (work / TEST_FILE).parent.mkdir(parents=True)
+        shutil.copy2(src, work / TEST_FILE)
+        shutil.copytree(args.horovod_src / "test" / "utils", work / "test" / "utils")
+        for i, name in enumerate(names, 1):
+            without = run_one(work, name, None, args.np, args.timeout_s)
+            traced = run_one(work, name, work / "traces" / name, args.np, args.timeout_s)
+            same = (without["ended"], without["errors"]) == (traced["ended"], traced["errors"])
+            results[name] = {"without": without, "with": traced, "same": same}
+            mark = "" if same else "   <-- ENDED DIFFERENTLY"
+            print(
+                f"[{i}/{len(names)}] {name}: without {without['ended']}, with {traced['ended']} "
+                f"({traced['files']} rank files){mark}",
+                flush=True,
+            )
+    differ = [n for n, r in results.items() if not r["same"]]
+    print("\n| test | without hvtrace | with hvtrace (by environment) | rank files |")
+    print("|---|---|---|---|")
+    for name, r in results.items():
+        w, t = r["without"], r["with"]
+        flag = "" if r["same"] else " **differs**"
+        print(f"| `{name}` | {w['ended']} | {t['ended']}{flag} | {t['files']} |")
+    traced = sum(1 for r in results.values() if r["with"]["files"])
+    print(
+        f"\n{len(results)} tests, {len(results) - len(differ)} ended the same, "
+        f"{len(differ)} differently{': ' + ', '.join(differ) if differ else ''}; "
+        f"{traced} traced (rank files written)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
