@@ -30,9 +30,9 @@ from itertools import pairwise
 
 import numpy as np
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record import live
 from hvtrace.record.rows import Allreduces
-from hvtrace.schema import KIND_CODE
 
 MS = 1_000_000
 

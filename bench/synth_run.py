@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from hvtrace.format.schema import DTYPES, FILE_SCHEMA, FORMAT_NAME, FORMAT_VERSION, KIND_CODE, KINDS
 from hvtrace.record.writer import TraceFile, compact
-from hvtrace.schema import DTYPES, FILE_SCHEMA, FORMAT_NAME, FORMAT_VERSION, KIND_CODE, KINDS
 
 log = logging.getLogger("synth_run")
 K = KIND_CODE

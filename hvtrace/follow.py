@@ -27,6 +27,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from hvtrace.errors import TraceError
+from hvtrace.format.schema import FILE_SUFFIX
 from hvtrace.load import (
     FILE_SCHEMA,
     RankFile,
@@ -44,7 +45,6 @@ from hvtrace.load import (
     unclosed_problem,
     with_all_columns,
 )
-from hvtrace.schema import FILE_SUFFIX
 
 log = logging.getLogger("hvtrace")
 

@@ -35,11 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
-from hvtrace.record.elastic import merge_membership
-from hvtrace.record.live import merge_live
-from hvtrace.record.netstat import merge_connections
-from hvtrace.record.stall import merge_stalls
-from hvtrace.schema import (
+from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
     FILE_SCHEMA,
@@ -53,6 +49,7 @@ from hvtrace.schema import (
     REQUIRED_HEADER_FIELDS,
     TRACE_SUFFIXES,
 )
+from hvtrace.format.status import merge_connections, merge_live, merge_membership, merge_stalls
 from hvtrace.selection import StepRange, format_ranks
 
 if TYPE_CHECKING:

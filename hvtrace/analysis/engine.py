@@ -41,14 +41,15 @@ from hvtrace.analysis.bandwidth import finish_collectives
 from hvtrace.analysis.outside import merge_partials
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
 from hvtrace.clock import offset_at
+from hvtrace.format.schema import FLAG_OWN, KINDS
 from hvtrace.load import RankSource, span_relation
-from hvtrace.schema import FLAG_OWN, KINDS
 from hvtrace.selection import StepRange
 
 #: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
 GROUP_SPANS = 4_000_000
 
-#: Kind code as in :data:`hvtrace.schema.KINDS`; -1 for hvtrace's own spans and unknown kinds.
+#: Kind code as in :data:`hvtrace.format.schema.KINDS`; -1 for hvtrace's own spans and unknown
+#: kinds.
 _KIND_CODE_SQL = (
     "CASE kind "
     + " ".join(

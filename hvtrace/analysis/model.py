@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.schema import LIGHTNING_PREFIX
+from hvtrace.format.schema import LIGHTNING_PREFIX
 from hvtrace.selection import StepRange
 
 

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from hvtrace.clock import ClockEstimate
+from hvtrace.format.schema import FORMAT_NAME, FORMAT_VERSION
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import FORMAT_NAME, FORMAT_VERSION
 
 
 def build_header(

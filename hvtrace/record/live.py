@@ -49,9 +49,10 @@ from typing import Any, Final
 
 import numpy as np
 
+from hvtrace.format.schema import KIND_CODE, STEP_PHASE_KINDS
+from hvtrace.format.status import live_line
 from hvtrace.record.cpustat import deltas_columns
 from hvtrace.record.rows import CPU_END, CPU_START, UNREAD, Allreduces
-from hvtrace.schema import KIND_CODE, STEP_PHASE_KINDS
 
 log = logging.getLogger("hvtrace")
 
@@ -670,7 +671,7 @@ class LiveMonitor:
             v = self.contended.pop(h)
             events.append(dict(v, event="uncontended", rank=None, first_step=first, last_step=last))
         for e in events:
-            log.warning("%s", line(e))
+            log.warning("%s", live_line(e))
             rec = self.tracer.rec
             if rec.enabled:
                 rec.live_events.append(e)
@@ -688,47 +689,3 @@ def _count_windows(streak: dict[Any, int], clear: dict[Any, int], now: dict[Any,
     for k in set(streak) | set(now):
         streak[k] = streak.get(k, 0) + 1 if k in now else 0
         clear[k] = 0 if k in now else clear.get(k, 0) + 1
-
-
-def line(e: dict[str, Any]) -> str:
-    """The log line of a live verdict."""
-    steps = f"steps {e['first_step']}-{e['last_step']}"
-    if e["event"] == "contended":
-        share = e.get("work_share")
-        how = (
-            f": its ranks wait for a CPU {share:.0%} of their time outside synchronize"
-            if share is not None
-            else ""
-        )
-        return f"hvtrace: host {e['host']} is short of CPU over {steps}{how} (no rank named)"
-    if e["event"] == "uncontended":
-        return f"hvtrace: host {e['host']} no longer short of CPU over {steps}"
-    who = f"rank {e['rank']} (host {e['host']})"
-    if e["event"] == "recovered":
-        return f"hvtrace: {who} no longer late over {steps}"
-    why = e["phase"] + (f", {e['cause']}" if e.get("cause") else "")
-    share = e.get("step_share")
-    tail = f"; ~{share:.0%} of step time" if share is not None else ""
-    now = "now " if e["event"] == "changed" else ""
-    return f"hvtrace: {who} {now}late {e['late_ms']:.1f} ms/step over {steps}: {why}{tail}"
-
-
-#: Most live events kept per file (a flapping rank cannot grow the status without bound).
-MAX_EVENTS: Final = 1000
-
-
-def merge_live(old: Any, new: Any) -> list[dict[str, Any]]:
-    """Merge the ``live`` records of batch statuses, in order, once each (by event, rank and
-    window); anything that is not a dict with those is dropped."""
-    out: list[dict[str, Any]] = []
-    seen: set[tuple[Any, ...]] = set()
-    for x in (old, new):
-        for e in x if isinstance(x, list) else []:
-            if not isinstance(e, dict):
-                continue
-            key = tuple(str(e.get(k)) for k in ("event", "rank", "host", "first_step"))
-            if key in seen or len(out) >= MAX_EVENTS:
-                continue
-            seen.add(key)
-            out.append(e)
-    return out

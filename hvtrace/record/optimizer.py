@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from hvtrace import settings
+from hvtrace.format.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
 from hvtrace.record import collectives, consistency, elastic, hvdpatch, torchpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
@@ -58,7 +59,6 @@ from hvtrace.record.native import PhasesBase, _hot, hot_module
 from hvtrace.record.opening import Recording, open_recording, trace_options
 from hvtrace.record.rows import Allreduces, handle_of
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
 
 log = logging.getLogger("hvtrace")
 

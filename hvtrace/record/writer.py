@@ -32,13 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from hvtrace.record import rows as rows_mod
-from hvtrace.record.cpustat import deltas_columns
-from hvtrace.record.elastic import merge_membership
-from hvtrace.record.live import merge_live
-from hvtrace.record.netstat import merge_connections
-from hvtrace.record.stall import merge_stalls
-from hvtrace.schema import (
+from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
     DTYPES,
@@ -49,6 +43,9 @@ from hvtrace.schema import (
     PARQUET_ROW_GROUP_ROWS,
     PARQUET_SUFFIX,
 )
+from hvtrace.format.status import merge_connections, merge_live, merge_membership, merge_stalls
+from hvtrace.record import rows as rows_mod
+from hvtrace.record.cpustat import deltas_columns
 
 try:
     import fcntl

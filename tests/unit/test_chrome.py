@@ -17,8 +17,15 @@ from hvtrace.export.chrome import (
     chrome_events,
     write_chrome_trace,
 )
+from hvtrace.format.schema import (
+    DTYPE_CODE,
+    FILE_SCHEMA,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    KIND_CODE,
+    KINDS,
+)
 from hvtrace.load import RankFile, Run, TraceError, load_run
-from hvtrace.schema import DTYPE_CODE, FILE_SCHEMA, FORMAT_NAME, FORMAT_VERSION, KIND_CODE, KINDS
 
 T0 = 5_000_000_000  # absolute ns of the earliest span in the hand-made runs
 HOSTS = {0: "node-a", 1: "node-a", 2: "node-b"}

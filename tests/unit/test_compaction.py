@@ -19,10 +19,7 @@ from helpers import make_header, row, status, write_rank_file
 
 from hvtrace.cli import main as cli_main
 from hvtrace.clock import ClockEstimate
-from hvtrace.load import TraceError, load_run, open_run, read_rank_file
-from hvtrace.record.recorder import Recorder
-from hvtrace.record.writer import TraceFile, compact, compact_run
-from hvtrace.schema import (
+from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
     FILE_SCHEMA,
@@ -30,6 +27,9 @@ from hvtrace.schema import (
     KIND_CODE,
     PARQUET_ROW_GROUP_ROWS,
 )
+from hvtrace.load import TraceError, load_run, open_run, read_rank_file
+from hvtrace.record.recorder import Recorder
+from hvtrace.record.writer import TraceFile, compact, compact_run
 from hvtrace.selection import StepRange
 
 RUN = "20240101-000000-abcdef"

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from helpers import damage_row_group, make_header, row, status, write_rank_file
 
+from hvtrace.format.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
 from hvtrace.load import TraceError, load_run, open_run, read_header, read_rank_file
-from hvtrace.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
 
 RUN = "20240101-000000-abcdef"
 
@@ -47,7 +47,7 @@ COL_POS = {c: i for i, c in enumerate(COLUMNS)}
 
 def _expected_columns(batches: list[list[tuple]]) -> dict[str, list]:
     """Expected column values as Python lists (kind and dtype decoded to names)."""
-    from hvtrace.schema import DTYPES
+    from hvtrace.format.schema import DTYPES
 
     rows = [r for b in batches for r in b]
     # rows without CPU readings (these): cpu_ns and runq_ns are null

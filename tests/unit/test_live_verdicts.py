@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record import live
 from hvtrace.record.rows import Allreduces
-from hvtrace.schema import KIND_CODE
 
 MS = 1_000_000
 

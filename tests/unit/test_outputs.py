@@ -21,8 +21,8 @@ from helpers import make_header
 from hvtrace.cli import main
 from hvtrace.errors import TraceError
 from hvtrace.export.output import open_output
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record import recorder as R
-from hvtrace.schema import KIND_CODE
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "balanced_2rank"
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")

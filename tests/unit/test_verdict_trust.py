@@ -17,6 +17,7 @@ from hvtrace.analysis import analyze_spans, step_table, user_table
 from hvtrace.analysis.findings import _rank0_blocking
 from hvtrace.analysis.steps import analyzed_steps
 from hvtrace.analysis.stragglers import StragglerConfig, straggler_episodes, straggler_table
+from hvtrace.format.status import live_line
 from hvtrace.record import live
 
 
@@ -129,8 +130,8 @@ def test_rank0_work_every_n_steps_is_named_with_what_it_costs() -> None:
 # -- live ---------------------------------------------------------------------------------------
 def _step_rows(step: int, t0: int, ms: dict[str, float]) -> list:
     """What the tracer hands the live thread for one step (phase rows, one synchronize)."""
+    from hvtrace.format.schema import KIND_CODE
     from hvtrace.record.rows import Allreduces
-    from hvtrace.schema import KIND_CODE
 
     def row(kind: str, s: int, e: int) -> tuple:
         return (step, 0, KIND_CODE[kind], kind, s, e, 0, 0, np.nan, 0, s, e)
@@ -221,7 +222,7 @@ def test_live_contention_names_the_host_once_per_episode_and_no_rank(monkeypatch
         ("contended", "a", None),
         ("uncontended", "a", None),
     ]
-    assert got[0]["first_step"] == 40 and "short of CPU" in live.line(got[0])
+    assert got[0]["first_step"] == 40 and "short of CPU" in live_line(got[0])
 
 
 def test_a_window_that_names_a_rank_for_contention_names_its_host_instead(monkeypatch) -> None:

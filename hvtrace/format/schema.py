@@ -143,3 +143,14 @@ def dtype_name(torch_dtype: object) -> str:
     """Return the format's dtype name for a torch dtype (``"other"`` when not listed)."""
     name = str(torch_dtype).removeprefix("torch.")
     return name if name in DTYPE_CODE else "other"
+
+
+#: Reserved scalar names (:mod:`hvtrace.record.consistency` records them, the analysis reads them
+#: back): a parameter's fingerprint, a param group's learning rate, the value a plateau scheduler
+#: is stepped with, a logged metric that must agree across ranks.
+PARAM_PREFIX: Final = "hvtrace.param|"
+LR_PREFIX: Final = "hvtrace.lr|"
+MONITOR_PREFIX: Final = "hvtrace.monitor|"
+METRIC_PREFIX: Final = "hvtrace.metric|"
+#: The user span around one parameter check.
+CHECK_SPAN: Final = "hvtrace.consistency"
