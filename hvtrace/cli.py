@@ -87,7 +87,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         write_tables,
         write_timeline,
     )
-    from hvtrace.load import find_trace_files, open_run
+    from hvtrace.format.read import find_trace_files
+    from hvtrace.load import open_run
 
     if args.skip_steps < 0:
         raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")

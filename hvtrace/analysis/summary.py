@@ -288,7 +288,8 @@ def analyze(
     """
     from hvtrace.analysis.engine import EngineError, summarize
     from hvtrace.errors import TraceError
-    from hvtrace.load import RankSource, salvage, span_sources
+    from hvtrace.format.read import salvage
+    from hvtrace.load import RankSource, span_sources
 
     steps = StepRange.of(steps)
     h0 = run.files[run.ranks[0]].header if run.files else {}

@@ -462,7 +462,7 @@ def compact(
     when the source is not a readable hvtrace stream, OSError on I/O errors; the source is then
     unchanged.
     """
-    from hvtrace.load import StreamScan, read_header  # imports no pandas
+    from hvtrace.format.read import StreamScan, read_header  # imports no pandas
 
     src = Path(path)
     target = src.with_suffix(PARQUET_SUFFIX)
@@ -621,7 +621,7 @@ def _resume(
 ) -> CompactResult:
     """The ``.parquet`` exists: remove the stream only if it is the finished compaction of it."""
     from hvtrace.errors import TraceError
-    from hvtrace.load import StreamScan, read_rank_file
+    from hvtrace.format.read import StreamScan, read_rank_file
 
     try:
         tst = os.lstat(target)
@@ -742,7 +742,7 @@ def compact_run(
     files, ``run_id`` has none, or no stream is readable.
     """
     from hvtrace.errors import TraceError
-    from hvtrace.load import find_trace_files, read_header
+    from hvtrace.format.read import find_trace_files, read_header
 
     paths = find_trace_files(run_dir)
     streams = [p for p in paths if p.suffix == FILE_SUFFIX]

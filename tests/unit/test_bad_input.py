@@ -310,7 +310,7 @@ def test_a_small_batch_claiming_millions_of_rows_is_not_expanded(tmp_path: Path,
     is refused before decompression; the batches before it are kept and the report says so."""
     import pyarrow as pa
 
-    from hvtrace.load import MAX_EXPANSION, StreamScan, plausible_batches, read_rank_file
+    from hvtrace.format.read import MAX_EXPANSION, StreamScan, plausible_batches, read_rank_file
 
     run = _copy(FOUR, tmp_path / "run")
     victim = _files(run)[3]
@@ -342,7 +342,8 @@ def test_a_small_row_group_claiming_millions_of_rows_is_not_decoded(tmp_path: Pa
     import pyarrow.parquet as pq
 
     from hvtrace.analysis import analyze
-    from hvtrace.load import open_run, plausible_row_groups, read_rank_file
+    from hvtrace.format.read import plausible_row_groups, read_rank_file
+    from hvtrace.load import open_run
 
     run = _compacted(FOUR, tmp_path / "run")
     victim = _files(run)[3]

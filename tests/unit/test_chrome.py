@@ -17,6 +17,7 @@ from hvtrace.export.chrome import (
     chrome_events,
     write_chrome_trace,
 )
+from hvtrace.format.read import RankFile
 from hvtrace.format.schema import (
     DTYPE_CODE,
     FILE_SCHEMA,
@@ -25,7 +26,7 @@ from hvtrace.format.schema import (
     KIND_CODE,
     KINDS,
 )
-from hvtrace.load import RankFile, Run, TraceError, load_run
+from hvtrace.load import Run, TraceError, load_run
 
 T0 = 5_000_000_000  # absolute ns of the earliest span in the hand-made runs
 HOSTS = {0: "node-a", 1: "node-a", 2: "node-b"}

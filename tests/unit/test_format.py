@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 from helpers import damage_row_group, make_header, row, status, write_rank_file
 
+from hvtrace.format.read import read_header, read_rank_file
 from hvtrace.format.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
-from hvtrace.load import TraceError, load_run, open_run, read_header, read_rank_file
+from hvtrace.load import TraceError, load_run, open_run
 
 RUN = "20240101-000000-abcdef"
 

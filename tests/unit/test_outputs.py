@@ -194,7 +194,7 @@ def test_small_ones(tmp_path: Path, monkeypatch) -> None:
     carries its sample run as package data (an installed wheel has it)."""
     import tomllib
 
-    from hvtrace.load import _short, read_header
+    from hvtrace.format.read import _short, read_header
 
     long = ValueError(("word " * 80).strip())
     short = _short(long)

@@ -15,8 +15,9 @@ import pytest
 from helpers import make_header
 
 import hvtrace
+from hvtrace.format.read import read_rank_file
 from hvtrace.format.schema import DTYPE_CODE, KIND_CODE
-from hvtrace.load import load_run, read_rank_file
+from hvtrace.load import load_run
 from hvtrace.record import recorder as recmod
 from hvtrace.record.recorder import Recorder, active_recorder
 from hvtrace.record.rows import Allreduces
