@@ -37,7 +37,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    from hvtrace.record.writer import compact_run
+    from hvtrace.format.compact import compact_run
 
     results = compact_run(args.run_dir, run_id=args.run_id, progress=_progress("compacting"))
     if not results:

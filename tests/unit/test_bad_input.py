@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hvtrace.cli import main as cli_main
+from hvtrace.format.compact import compact_run
 from hvtrace.format.schema import HEADER_KEY, TRACE_SUFFIXES
-from hvtrace.record.writer import compact_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 BALANCED = SAMPLES / "balanced_2rank"

@@ -19,6 +19,7 @@ from helpers import make_header, row, status, write_rank_file
 
 from hvtrace.cli import main as cli_main
 from hvtrace.clock import ClockEstimate
+from hvtrace.format.compact import compact, compact_run
 from hvtrace.format.read import read_rank_file
 from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
@@ -30,7 +31,7 @@ from hvtrace.format.schema import (
 )
 from hvtrace.load import TraceError, load_run, open_run
 from hvtrace.record.recorder import Recorder
-from hvtrace.record.writer import TraceFile, compact, compact_run
+from hvtrace.record.writer import TraceFile
 from hvtrace.selection import StepRange
 
 RUN = "20240101-000000-abcdef"
@@ -234,13 +235,14 @@ def test_without_a_child_process_the_rank_compacts_itself(tmp_path: Path, monkey
 
 
 def test_compaction_failure_leaves_the_stream(tmp_path: Path, monkeypatch) -> None:
+    import hvtrace.format.compact as fc
     import hvtrace.record.writer as w
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
     rec = _record(tmp_path, 1000)
-    monkeypatch.setattr(w, "_write_parquet", boom)
+    monkeypatch.setattr(fc, "_write_parquet", boom)
     monkeypatch.setattr(w, "compact_in_child", lambda p: w.compact(p, live_check=False))
     rec.close()  # never raises into training
     assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]

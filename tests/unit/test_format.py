@@ -428,7 +428,7 @@ def _sorted_expected(batches: list[list[tuple]]) -> dict[str, list]:
 
 
 def test_round_trip_parquet(good_file, tmp_path: Path) -> None:
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path, header, batches, _ = good_file
     res = compact(path)
@@ -450,7 +450,7 @@ def test_parquet_readable_with_plain_pyarrow(good_file) -> None:
     """The documented recipe for the compacted form, with no hvtrace code involved in reading."""
     import pyarrow.parquet as pq
 
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path, header, batches, _ = good_file
     target = compact(path).target
@@ -467,7 +467,7 @@ def test_parquet_readable_with_plain_pyarrow(good_file) -> None:
 
 def test_parquet_readable_with_duckdb(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb")
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -546,7 +546,7 @@ def test_bad_parquet_raises_one_line_trace_error(tmp_path: Path, case: str) -> N
 
 @pytest.mark.parametrize("what", ["empty", "junk", "magic only", "cut"])
 def test_damaged_parquet_file_raises_one_line_trace_error(good_file, tmp_path, what) -> None:
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path = compact(good_file[0]).target
     data = path.read_bytes()
@@ -567,7 +567,7 @@ def test_damaged_row_group_keeps_what_is_readable(tmp_path: Path) -> None:
     """A Parquet file whose data is damaged after its first row group: the first is kept."""
     import pyarrow.parquet as pq
 
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path = tmp_path / f"rank00000-{RUN}.arrows"
     rows = [row("allreduce", f"t{i}", i, i + 5, step=i // 10, nbytes=i) for i in range(300)]
