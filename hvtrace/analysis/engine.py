@@ -436,8 +436,8 @@ class Summaries:
     """The cross-rank tables every metric is computed from (see :func:`cross_rank`)."""
 
     steps: pd.DataFrame  # hvtrace.analysis.steps.finish_steps
-    users: pd.DataFrame  # hvtrace.analysis.steps.user_table's columns
-    collectives: pd.DataFrame  # hvtrace.analysis.bandwidth.collective_table's columns
+    users: pd.DataFrame  # user_table's columns
+    collectives: pd.DataFrame  # collective_table's columns
     spans_read: int = 0
     row_groups_read: int = 0
     row_groups_total: int = 0
@@ -526,6 +526,31 @@ def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summ
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
     return summarize([RankSource(None, n, table=table)], steps)
+
+
+def user_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return user-span time per (rank, step, name): ``dur_ns`` (sum) and ``count``.
+
+    hvtrace's own spans (``hvtrace.*``) are left out. Spans of one name that nest or overlap are
+    summed, not merged. Computed by the engine's per-rank pass
+    (:func:`frame_summaries`), as for a run's files.
+    """
+    return frame_summaries(spans).users
+
+
+def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per allreduce collective (step, tensor name), over all ranks that did it.
+
+    ``spans``: a span frame (see :func:`frame_summaries`, which runs the
+    engine's passes; a run's files give the same table through :func:`hvtrace.analysis.analyze`).
+    Columns: ``step``, ``name``, ``n_ranks`` (allreduce spans of that tensor in that step: one
+    per rank), ``bytes`` (the largest of the ranks' byte counts), ``dtype``, ``first_start_ns`` /
+    ``last_start_ns`` (earliest / latest enqueue over ranks), ``end_ns`` (earliest observed
+    completion over ranks), ``time_ns`` = ``end_ns - last_start_ns`` (NaN when not positive,
+    which only clock error can cause), ``spread_ns`` = ``last_start_ns - first_start_ns`` (how
+    long the first rank waited for the last one), ``algbw_gbps`` = bytes / time_ns.
+    """
+    return frame_summaries(spans).collectives
 
 
 def kind_counts(sources: Sequence[RankSource]) -> pd.DataFrame:

@@ -508,16 +508,6 @@ def rank_summary(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
 
 
 # -- user spans ------------------------------------------------------------------------------------
-def user_table(spans: pd.DataFrame) -> pd.DataFrame:
-    """Return user-span time per (rank, step, name): ``dur_ns`` (sum) and ``count``.
-
-    hvtrace's own spans (``hvtrace.*``) are left out. Spans of one name that nest or overlap are
-    summed, not merged. Computed by the engine's per-rank pass
-    (:func:`hvtrace.analysis.engine.frame_summaries`), as for a run's files.
-    """
-    from hvtrace.analysis.engine import frame_summaries
-
-    return frame_summaries(spans).users
 
 
 def user_summary(

@@ -154,3 +154,11 @@ MONITOR_PREFIX: Final = "hvtrace.monitor|"
 METRIC_PREFIX: Final = "hvtrace.metric|"
 #: The user span around one parameter check.
 CHECK_SPAN: Final = "hvtrace.consistency"
+
+#: Live detection's window matrix (what each rank reduces a window to and rank 0's judge reads,
+#: :mod:`hvtrace.record.live`, :mod:`hvtrace.analysis.live`): one row per step of float64,
+#: the step number, then per phase of :data:`LIVE_PHASES` its ns, CPU ns and run-queue ns, then
+#: the step's arrival (its last gradient enqueued) in ns on rank 0's clock.
+LIVE_PHASES: Final[tuple[str, ...]] = STEP_PHASE_KINDS
+LIVE_COLS: Final = 1 + 3 * len(LIVE_PHASES) + 1
+LIVE_ARRIVAL_COL: Final = LIVE_COLS - 1

@@ -515,7 +515,7 @@ def test_real_trace_files(tmp_path: Path) -> None:
 
 def test_collectives_are_the_analysis_collectives() -> None:
     """One collective per (step, tensor), as hvtrace.analysis.bandwidth counts them."""
-    from hvtrace.analysis.bandwidth import collective_table
+    from hvtrace.analysis.engine import collective_table
 
     spans = make_spans(ranks=3, steps=3, tensors=4)
     ids = {
