@@ -28,6 +28,7 @@ demo-cluster: setup
 test: setup
 	$(VENV)/bin/ruff check hvtrace hvtrace_boot setup.py dashboard tests bench
 	$(VENV)/bin/ruff format --check hvtrace hvtrace_boot setup.py dashboard tests bench
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: setup
@@ -36,6 +37,7 @@ unit: setup
 lint: setup
 	$(VENV)/bin/ruff check hvtrace hvtrace_boot setup.py dashboard tests bench
 	$(VENV)/bin/ruff format --check hvtrace hvtrace_boot setup.py dashboard tests bench
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) bench/format_bench.py

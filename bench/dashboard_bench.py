@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from hvtrace.format.schema import DTYPE_CODE, FORMAT_NAME, FORMAT_VERSION, KIND_CODE
 from hvtrace.record.writer import TraceFile
-from hvtrace.schema import DTYPE_CODE, FORMAT_NAME, FORMAT_VERSION, KIND_CODE
 
 K = KIND_CODE
 F32 = DTYPE_CODE["float32"]
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--screenshot", default=None, help="with --browser: save a full-page PNG")
     args = p.parse_args(argv)
 
-    from hvtrace.schema import TRACE_SUFFIXES
+    from hvtrace.format.schema import TRACE_SUFFIXES
 
     results: dict[str, Any] = {}
     if args.url:

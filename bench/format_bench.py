@@ -48,11 +48,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hvtrace.load import load_run
-from hvtrace.record import recorder as recmod
-from hvtrace.record.recorder import Recorder
-from hvtrace.record.writer import TraceFile
-from hvtrace.schema import (
+from hvtrace.format.schema import (
     DTYPE_CODE,
     FLAG_END_UPPER_BOUND,
     FORMAT_NAME,
@@ -62,6 +58,10 @@ from hvtrace.schema import (
     PARQUET_SUFFIX,
     TRACE_SUFFIXES,
 )
+from hvtrace.load import load_run
+from hvtrace.record import recorder as recmod
+from hvtrace.record.recorder import Recorder
+from hvtrace.record.writer import TraceFile
 
 log = logging.getLogger("format_bench")
 

@@ -9,7 +9,7 @@ Live detection (:mod:`hvtrace.record.live`) does three things in the training pr
    reduced to a matrix: Python, so it holds the GIL the training thread also needs), then one
    allgather (Horovod's background thread does the transfer);
 3. on rank 0's live thread, each window: the verdicts, in a child process
-   (:mod:`hvtrace.record.live_judge`): only a pipe write and read here.
+   (:mod:`hvtrace.analysis.live`): only a pipe write and read here.
 
 This benchmark times 1 and 2 on rows shaped like a real rank's (phase rows with counter
 readings as the recorder takes them, one synchronize's allreduces of 14 tensors), and the
@@ -30,9 +30,9 @@ from itertools import pairwise
 
 import numpy as np
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record import live
 from hvtrace.record.rows import Allreduces
-from hvtrace.schema import KIND_CODE
 
 MS = 1_000_000
 

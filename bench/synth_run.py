@@ -11,7 +11,7 @@ amount recorded in its header (loading exercises the alignment). The simulation 
 over ranks and tensors (a block of steps at a time, bounded memory), written as Arrow record
 batches through :class:`hvtrace.record.writer.TraceFile` (one batch per rank per block, with the
 writer's batch status), then each file is closed and compacted exactly as the recorder does on a
-clean close (:func:`hvtrace.record.writer.compact`).
+clean close (:func:`hvtrace.format.compact.compact`).
 
 Prints spans written, bytes on disk and seconds taken.
 """
@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from hvtrace.record.writer import TraceFile, compact
-from hvtrace.schema import DTYPES, FILE_SCHEMA, FORMAT_NAME, FORMAT_VERSION, KIND_CODE, KINDS
+from hvtrace.format.compact import compact
+from hvtrace.format.schema import DTYPES, FILE_SCHEMA, FORMAT_NAME, FORMAT_VERSION, KIND_CODE, KINDS
+from hvtrace.record.writer import TraceFile
 
 log = logging.getLogger("synth_run")
 K = KIND_CODE

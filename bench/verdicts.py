@@ -365,7 +365,7 @@ def score_live(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> dict[
         # a host short of CPU is a measurement of the host (its lines are counted, not scored)
         return {**res, "score": "clean" if exp is None else "n/a", "evidence": []}
     if exp["cause"] == "contention":
-        # live names no rank for contention, by design (hvtrace.record.live.verdicts): the host
+        # live names no rank for contention, by design (hvtrace.analysis.live.verdicts): the host
         # short of CPU is what it can say; the rank is named by the analysis
         if late:
             return {**res, "score": "wrong", "evidence": [_short(e) for e in late[:3]]}

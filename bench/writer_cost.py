@@ -28,9 +28,9 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record.rows import Allreduces, expand
 from hvtrace.record.writer import BatchEncoder
-from hvtrace.schema import KIND_CODE
 
 PHASES = ("input", "forward", "backward", "wait", "update", "step")
 

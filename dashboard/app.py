@@ -31,8 +31,8 @@ from dash import Dash
 from hvtrace_dashboard import callbacks, figures
 from hvtrace_dashboard.layout import INDEX_STRING, WINDOW_SIZES, build_layout
 
+from hvtrace.format.schema import TRACE_SUFFIXES
 from hvtrace.load import Run, TraceError, span_sources
-from hvtrace.schema import TRACE_SUFFIXES
 from hvtrace.selection import StepRange
 from hvtrace.units import printable
 

@@ -55,7 +55,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    from hvtrace.record.writer import compact_run
+    from hvtrace.format.compact import compact_run
 
     results = compact_run(args.run_dir, run_id=args.run_id, progress=_progress("compacting"))
     if not results:
@@ -105,7 +105,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         write_tables,
         write_timeline,
     )
-    from hvtrace.load import find_trace_files, open_run
+    from hvtrace.format.read import find_trace_files
+    from hvtrace.load import open_run
 
     if args.skip_steps < 0:
         raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")

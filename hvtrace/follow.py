@@ -6,7 +6,7 @@ Parquet when they finish). :class:`StreamTail` keeps one stream open and, on eac
 messages (an incomplete last message waits for the next poll) and decodes only those, through
 one Arrow stream reader that lives as long as the tail (so the stream's dictionary deltas carry
 over). Batches already read are never read again. A message that claims more than it can
-plausibly expand to is refused, as :func:`hvtrace.load.read_rank_file` refuses it.
+plausibly expand to is refused, as :func:`hvtrace.format.read.read_rank_file` refuses it.
 
 :class:`RunFollower` opens the run with :func:`hvtrace.load.open_run` on those tails (a Parquet
 file, written once a rank finished, is read as usual: only its footer) and analyzes it with
@@ -27,10 +27,8 @@ from typing import Any, Final
 import pyarrow as pa
 
 from hvtrace.errors import TraceError
-from hvtrace.load import (
-    FILE_SCHEMA,
+from hvtrace.format.read import (
     RankFile,
-    Run,
     _apply_status,
     _parse_status,
     _problem,
@@ -40,11 +38,10 @@ from hvtrace.load import (
     find_trace_files,
     implausible,
     message_info,
-    open_run,
-    unclosed_problem,
     with_all_columns,
 )
-from hvtrace.schema import FILE_SUFFIX
+from hvtrace.format.schema import FILE_SCHEMA, FILE_SUFFIX
+from hvtrace.load import Run, open_run, unclosed_problem
 
 log = logging.getLogger("hvtrace")
 

@@ -60,10 +60,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "strategy): pip install 'hvtrace[lightning]'"
     ) from exc
 
-from hvtrace.record.consistency import METRIC_PREFIX, MONITOR_PREFIX, record_agree
+from hvtrace.format.schema import KIND_CODE, METRIC_PREFIX, MONITOR_PREFIX
+from hvtrace.record.consistency import record_agree
 from hvtrace.record.optimizer import Tracer, trace_optimizer, tracing_enabled
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import KIND_CODE
 
 log = logging.getLogger("hvtrace")
 

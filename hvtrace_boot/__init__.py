@@ -15,7 +15,7 @@ asked, :func:`install`:
   only then lets hvtrace start its timeline later, whatever the script's import order;
 - with tracing asked for (``$HVTRACE_DIR`` or ``$HVTRACE``), watches two imports and patches each
   right after it loads, before the importing line gets the module
-  (:mod:`hvtrace.record.autotrace`): ``horovod.torch`` (its ``DistributedOptimizer`` builds
+  (:mod:`hvtrace.autotrace`): ``horovod.torch`` (its ``DistributedOptimizer`` builds
   Horovod's optimizer and traces it) and ``pytorch_lightning`` (a ``Trainer(strategy="horovod")``
   gets hvtrace's callback). Nothing of hvtrace is imported before one of them is.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 
-#: The modules watched, and the function of hvtrace.record.autotrace that patches each.
+#: The modules watched, and the function of hvtrace.autotrace that patches each.
 TARGETS = {"horovod.torch": "patch_horovod_torch", "pytorch_lightning": "patch_lightning"}
 
 _ON = ("1", "true", "on", "yes")
@@ -94,7 +94,7 @@ class _PostImport:
 
 def _patch(name: str, module: object) -> None:
     try:
-        from hvtrace.record import autotrace
+        from hvtrace import autotrace
 
         getattr(autotrace, TARGETS[name])(module)
     except Exception as exc:  # noqa: BLE001 - the hook never takes the job down

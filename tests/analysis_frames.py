@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from hvtrace.schema import DTYPES, KINDS
+from hvtrace.format.schema import DTYPES, KINDS
 
 MS = 1_000_000
 COLUMNS = ["rank", "step", "micro", "kind", "name", "start_ns", "end_ns", "bytes", "dtype"]

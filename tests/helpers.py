@@ -224,7 +224,7 @@ def make_header(
     **extra: Any,
 ) -> dict[str, Any]:
     """Return a valid hvtrace header (every required field); ``extra`` adds or overrides fields."""
-    from hvtrace.schema import FORMAT_NAME, FORMAT_VERSION
+    from hvtrace.format.schema import FORMAT_NAME, FORMAT_VERSION
 
     h: dict[str, Any] = {
         "format": FORMAT_NAME,
@@ -258,7 +258,7 @@ def row(
     flags: int = 0,
 ) -> tuple:
     """Return one buffer row tuple as the writer takes it (kind and dtype given by name)."""
-    from hvtrace.schema import DTYPE_CODE, KIND_CODE
+    from hvtrace.format.schema import DTYPE_CODE, KIND_CODE
 
     return (step, micro, KIND_CODE[kind], name, start, end, nbytes, DTYPE_CODE[dtype], value, flags)
 

@@ -21,11 +21,11 @@ the engine's summaries. The building blocks, for a dashboard or a notebook:
 from hvtrace.analysis.bandwidth import (
     BANDWIDTH_CAVEAT,
     bus_factor,
-    collective_table,
     comm_summary,
     step_comm_table,
     tensor_table,
 )
+from hvtrace.analysis.engine import collective_table, user_table
 from hvtrace.analysis.findings import Finding, make_findings
 from hvtrace.analysis.links import connection_rows, limiting_link, link_table
 from hvtrace.analysis.overlap import intersection_ns, merge_intervals, union_ns
@@ -35,7 +35,6 @@ from hvtrace.analysis.steps import (
     rank_summary,
     step_table,
     user_summary,
-    user_table,
 )
 from hvtrace.analysis.stragglers import (
     StragglerConfig,

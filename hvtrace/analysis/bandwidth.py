@@ -27,7 +27,7 @@ BANDWIDTH_CAVEAT = (
 )
 
 
-#: Columns of :func:`collective_table`.
+#: Columns of :func:`hvtrace.analysis.engine.collective_table`.
 COLLECTIVE_COLUMNS = [
     "step",
     "name",
@@ -50,23 +50,6 @@ def bus_factor(n_ranks: int | np.ndarray) -> float | np.ndarray:
     return float(f) if f.ndim == 0 else f
 
 
-def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
-    """Return one row per allreduce collective (step, tensor name), over all ranks that did it.
-
-    ``spans``: a span frame (see :func:`hvtrace.analysis.engine.frame_summaries`, which runs the
-    engine's passes; a run's files give the same table through :func:`hvtrace.analysis.analyze`).
-    Columns: ``step``, ``name``, ``n_ranks`` (allreduce spans of that tensor in that step: one
-    per rank), ``bytes`` (the largest of the ranks' byte counts), ``dtype``, ``first_start_ns`` /
-    ``last_start_ns`` (earliest / latest enqueue over ranks), ``end_ns`` (earliest observed
-    completion over ranks), ``time_ns`` = ``end_ns - last_start_ns`` (NaN when not positive,
-    which only clock error can cause), ``spread_ns`` = ``last_start_ns - first_start_ns`` (how
-    long the first rank waited for the last one), ``algbw_gbps`` = bytes / time_ns.
-    """
-    from hvtrace.analysis.engine import frame_summaries
-
-    return frame_summaries(spans).collectives
-
-
 def _collective_times(out: pd.DataFrame) -> pd.DataFrame:
     """Add ``time_ns``, ``spread_ns`` and ``algbw_gbps`` to a collective table (in place)."""
     t = (out["end_ns"] - out["last_start_ns"]).astype("float64")
@@ -77,7 +60,7 @@ def _collective_times(out: pd.DataFrame) -> pd.DataFrame:
 
 
 def finish_collectives(partials: pd.DataFrame) -> pd.DataFrame:
-    """Return :func:`collective_table` from per-group partial aggregates.
+    """Return :func:`hvtrace.analysis.engine.collective_table` from per-group partial aggregates.
 
     ``partials``: one row per (step, name) per group of ranks, with ``n_spans`` (allreduce spans
     of that tensor in the group), ``bytes`` and ``dtype`` (max), ``first_start_ns`` /

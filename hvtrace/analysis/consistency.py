@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from hvtrace.analysis.model import Analysis, Finding
+from hvtrace.format.schema import FLAG_AGREE, LR_PREFIX, METRIC_PREFIX, MONITOR_PREFIX, PARAM_PREFIX
 from hvtrace.load import RankSource, span_relation
-from hvtrace.record.consistency import LR_PREFIX, METRIC_PREFIX, MONITOR_PREFIX, PARAM_PREFIX
-from hvtrace.schema import FLAG_AGREE
 from hvtrace.selection import StepRange
 from hvtrace.units import printable
 

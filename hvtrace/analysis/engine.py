@@ -41,14 +41,15 @@ from hvtrace.analysis.bandwidth import finish_collectives
 from hvtrace.analysis.outside import merge_partials
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
 from hvtrace.clock import offset_at
+from hvtrace.format.schema import FLAG_OWN, KINDS
 from hvtrace.load import RankSource, span_relation
-from hvtrace.schema import FLAG_OWN, KINDS
 from hvtrace.selection import StepRange
 
 #: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
 GROUP_SPANS = 4_000_000
 
-#: Kind code as in :data:`hvtrace.schema.KINDS`; -1 for hvtrace's own spans and unknown kinds.
+#: Kind code as in :data:`hvtrace.format.schema.KINDS`; -1 for hvtrace's own spans and unknown
+#: kinds.
 _KIND_CODE_SQL = (
     "CASE kind "
     + " ".join(
@@ -435,8 +436,8 @@ class Summaries:
     """The cross-rank tables every metric is computed from (see :func:`cross_rank`)."""
 
     steps: pd.DataFrame  # hvtrace.analysis.steps.finish_steps
-    users: pd.DataFrame  # hvtrace.analysis.steps.user_table's columns
-    collectives: pd.DataFrame  # hvtrace.analysis.bandwidth.collective_table's columns
+    users: pd.DataFrame  # user_table's columns
+    collectives: pd.DataFrame  # collective_table's columns
     spans_read: int = 0
     row_groups_read: int = 0
     row_groups_total: int = 0
@@ -525,6 +526,31 @@ def frame_summaries(spans: pd.DataFrame, steps: StepRange | None = None) -> Summ
 
     table = pa.Table.from_pandas(frame, preserve_index=False)
     return summarize([RankSource(None, n, table=table)], steps)
+
+
+def user_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return user-span time per (rank, step, name): ``dur_ns`` (sum) and ``count``.
+
+    hvtrace's own spans (``hvtrace.*``) are left out. Spans of one name that nest or overlap are
+    summed, not merged. Computed by the engine's per-rank pass
+    (:func:`frame_summaries`), as for a run's files.
+    """
+    return frame_summaries(spans).users
+
+
+def collective_table(spans: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per allreduce collective (step, tensor name), over all ranks that did it.
+
+    ``spans``: a span frame (see :func:`frame_summaries`, which runs the
+    engine's passes; a run's files give the same table through :func:`hvtrace.analysis.analyze`).
+    Columns: ``step``, ``name``, ``n_ranks`` (allreduce spans of that tensor in that step: one
+    per rank), ``bytes`` (the largest of the ranks' byte counts), ``dtype``, ``first_start_ns`` /
+    ``last_start_ns`` (earliest / latest enqueue over ranks), ``end_ns`` (earliest observed
+    completion over ranks), ``time_ns`` = ``end_ns - last_start_ns`` (NaN when not positive,
+    which only clock error can cause), ``spread_ns`` = ``last_start_ns - first_start_ns`` (how
+    long the first rank waited for the last one), ``algbw_gbps`` = bytes / time_ns.
+    """
+    return frame_summaries(spans).collectives
 
 
 def kind_counts(sources: Sequence[RankSource]) -> pd.DataFrame:

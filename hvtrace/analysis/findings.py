@@ -25,7 +25,7 @@ from hvtrace.analysis.stragglers import (
     median_of_others,
     split_cause,
 )
-from hvtrace.schema import LIGHTNING_PREFIX
+from hvtrace.format.schema import LIGHTNING_PREFIX
 from hvtrace.units import format_bytes, printable
 
 #: A run is communication-bound when at least this share of its steps is (see step_summary).

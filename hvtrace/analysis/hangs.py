@@ -45,8 +45,8 @@ def _stall_records(files: dict[int, Any]) -> list[tuple[int, int, float, list[st
 def find_hangs(files: dict[int, Any], expected_ranks: list[int]) -> list[dict[str, Any]]:
     """The hang (or stalls) the ranks' files show, latest step first.
 
-    ``files``: rank -> :class:`hvtrace.load.RankFile`; ``expected_ranks``: every rank of the run
-    (a rank without a file did not arrive either). Each item: ``step``, ``hung`` (True: some
+    ``files``: rank -> :class:`hvtrace.format.read.RankFile`; ``expected_ranks``: every rank of
+    the run (a rank without a file did not arrive either). Each item: ``step``, ``hung`` (True: some
     rank never got past the step in its file), ``ranks`` (those that did not arrive: neither
     waited in that step nor got past it), ``waiting_ranks``, ``tensor`` (the first tensor the
     waiting ranks waited for, the most common first pending name), ``tensors`` (all of them, up

@@ -107,7 +107,7 @@ def _counters(c: dict[str, Any]) -> tuple[int, int, int] | None:
 def connection_rows(files: dict[int, Any], hosts: dict[int, str]) -> pd.DataFrame:
     """One row per (rank, connection) whose both ends are known rank hosts, different ones.
 
-    ``files``: rank -> :class:`hvtrace.load.RankFile` (its ``tcp`` list); ``hosts``: rank ->
+    ``files``: rank -> :class:`hvtrace.format.read.RankFile` (its ``tcp`` list); ``hosts``: rank ->
     host. Columns: ``rank``, ``src_host``, ``dst_host``, ``sent_bytes``, ``net_busy_us`` (busy
     time less the time waiting for the receiver), ``min_rtt_us``, ``retrans``.
     """

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from hvtrace.analysis.steps import analyzed_steps
-from hvtrace.schema import LIGHTNING_PREFIX
+from hvtrace.format.schema import LIGHTNING_PREFIX
 from hvtrace.selection import StepRange
 
 
@@ -57,7 +57,7 @@ class Analysis:
 
     - ``steps``: :func:`hvtrace.analysis.steps.step_table` (per rank and step, ns);
     - ``per_rank``: :func:`hvtrace.analysis.steps.rank_summary` plus ``host`` (ms);
-    - ``users`` / ``user_per_rank``: :func:`~hvtrace.analysis.steps.user_table` (ns) /
+    - ``users`` / ``user_per_rank``: :func:`~hvtrace.analysis.engine.user_table` (ns) /
       :func:`~hvtrace.analysis.steps.user_summary` (ms);
     - ``per_step``: :func:`hvtrace.analysis.summary.step_summary` (one row per step, ms);
     - ``collectives`` / ``tensors`` / ``step_comm``: :mod:`hvtrace.analysis.bandwidth`;

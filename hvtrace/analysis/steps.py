@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.overlap import intersection_merged, merge_intervals
-from hvtrace.schema import FLAG_OWN, KIND_CODE, KINDS, STEP_PHASE_KINDS
+from hvtrace.format.schema import FLAG_OWN, KIND_CODE, KINDS, STEP_PHASE_KINDS
 
 #: The phases of a step, in time order. They do not overlap each other.
 PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
@@ -62,7 +62,7 @@ _NK = len(KINDS)
 
 # -- input normalization ---------------------------------------------------------------------------
 def kind_codes(spans: pd.DataFrame) -> np.ndarray:
-    """Return each span's kind as its code in :data:`hvtrace.schema.KINDS` (-1 if unknown).
+    """Return each span's kind as its code in :data:`hvtrace.format.schema.KINDS` (-1 if unknown).
 
     Accepts a categorical ``kind`` column (as :func:`hvtrace.load_run` makes) or plain strings.
     """
@@ -171,7 +171,7 @@ def step_rows(
     """Reduce spans to one row per (rank, step): the per-rank half of :func:`step_table`.
 
     Inputs are flat arrays, one entry per span: ``kinds`` holds codes of
-    :data:`hvtrace.schema.KINDS` (-1 for spans that are not a step's work: hvtrace's own user
+    :data:`hvtrace.format.schema.KINDS` (-1 for spans that are not a step's work: hvtrace's own user
     spans); scalars and clock rows are ignored too. Times in ns on one clock per rank (each
     rank's own clock is fine: nothing here compares ranks). Sorted input (by rank, step, start,
     as compacted files are) is fastest.
@@ -508,16 +508,6 @@ def rank_summary(steps: pd.DataFrame, skip_steps: int = 1) -> pd.DataFrame:
 
 
 # -- user spans ------------------------------------------------------------------------------------
-def user_table(spans: pd.DataFrame) -> pd.DataFrame:
-    """Return user-span time per (rank, step, name): ``dur_ns`` (sum) and ``count``.
-
-    hvtrace's own spans (``hvtrace.*``) are left out. Spans of one name that nest or overlap are
-    summed, not merged. Computed by the engine's per-rank pass
-    (:func:`hvtrace.analysis.engine.frame_summaries`), as for a run's files.
-    """
-    from hvtrace.analysis.engine import frame_summaries
-
-    return frame_summaries(spans).users
 
 
 def user_summary(

@@ -270,7 +270,7 @@ def straggler_table(
     """Return one row per rank with the straggler evidence and the verdict.
 
     ``steps``: :func:`hvtrace.analysis.steps.step_table`; ``users``:
-    :func:`hvtrace.analysis.steps.user_table`; ``hosts``: rank -> host; ``clock_uncertainty``:
+    :func:`hvtrace.analysis.engine.user_table`; ``hosts``: rank -> host; ``clock_uncertainty``:
     rank -> ns (:func:`clock_uncertainty_ns`).
 
     Columns: ``rank``, ``host``, ``steps`` (analyzed), ``late_ms`` (median lateness),

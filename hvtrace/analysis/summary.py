@@ -136,7 +136,7 @@ def analyze_tables(
 
     ``st``: the step table (:func:`hvtrace.analysis.steps.step_table`, or
     :func:`~hvtrace.analysis.steps.finish_steps` of the engine's per-rank pass), ``users``: user
-    time per (rank, step, name), ``coll``: :func:`hvtrace.analysis.bandwidth.collective_table`.
+    time per (rank, step, name), ``coll``: :func:`hvtrace.analysis.engine.collective_table`.
     ``outside``: the collectives outside the optimizer per (step, name, occurrence)
     (:class:`hvtrace.analysis.engine.Summaries`' ``outside``; None: none).
     Other arguments as for :func:`analyze_spans`. Raises ``ValueError`` when ``st`` is empty.
@@ -288,7 +288,8 @@ def analyze(
     """
     from hvtrace.analysis.engine import EngineError, summarize
     from hvtrace.errors import TraceError
-    from hvtrace.load import RankSource, salvage, span_sources
+    from hvtrace.format.read import salvage
+    from hvtrace.load import RankSource, span_sources
 
     steps = StepRange.of(steps)
     h0 = run.files[run.ranks[0]].header if run.files else {}

@@ -59,9 +59,9 @@ import pyarrow.compute as pc
 
 from hvtrace.errors import TraceError
 from hvtrace.export.output import check_output, make_output_dir, output_mode
+from hvtrace.format.schema import KINDS
+from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.load import Run
-from hvtrace.record.consistency import PARAM_PREFIX as FINGERPRINT_PREFIX
-from hvtrace.schema import KINDS
 from hvtrace.selection import SelectionError, StepRange
 
 log = logging.getLogger("hvtrace")

@@ -82,9 +82,9 @@ from hvtrace.export.chrome import (
     steps_table,
 )
 from hvtrace.export.output import open_output
+from hvtrace.format.schema import KINDS
+from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.load import RankSource, Run, align_times, span_sources
-from hvtrace.record.consistency import PARAM_PREFIX as FINGERPRINT_PREFIX
-from hvtrace.schema import KINDS
 from hvtrace.selection import StepRange
 
 log = logging.getLogger("hvtrace")

@@ -811,7 +811,7 @@ def _live_section(a: Analysis, w: int, max_lines: int = 8) -> list[str]:
     """What live detection logged while the job ran (empty when nothing)."""
     if not a.live:
         return []
-    from hvtrace.record.live import line
+    from hvtrace.format.status import live_line as line
 
     L = ["", f"Seen live, while the job ran ({len(a.live)} events)"]
     for e in a.live[:max_lines]:

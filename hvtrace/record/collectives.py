@@ -46,9 +46,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from hvtrace.record.recorder import running_tracer
-from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import (
+from hvtrace.format.schema import (
     DTYPE_CODE,
     FLAG_END_UPPER_BOUND,
     FLAG_OWN,
@@ -56,6 +54,8 @@ from hvtrace.schema import (
     LIGHTNING_PREFIX,
     dtype_name,
 )
+from hvtrace.record.recorder import running_tracer
+from hvtrace.record.timers import monotonic_ns
 
 _K_COLL = KIND_CODE["collective"]
 _NAN = math.nan

@@ -10,7 +10,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     """Compact ``argv[0]`` (a stream its rank has closed); print the result's fields as JSON."""
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     res = compact(argv[0], live_check=False)
     fields = {k: v for k, v in vars(res).items() if k != "source"}

@@ -23,8 +23,8 @@ reserved names (:mod:`hvtrace.analysis.consistency` compares them across ranks):
     run) finds the event done, like the CUDA timers (:mod:`hvtrace.record.timers`);
 
 - values the user marks as ones that must agree: ``hvtrace.scalar(name, value, agree=True)``
-  (flag bit 3, :data:`hvtrace.schema.FLAG_AGREE`), and in Lightning the logged metrics at epoch
-  end (``hvtrace.metric|NAME``) and the value a ``ReduceLROnPlateau`` is stepped with
+  (flag bit 3, :data:`hvtrace.format.schema.FLAG_AGREE`), and in Lightning the logged metrics at
+  epoch end (``hvtrace.metric|NAME``) and the value a ``ReduceLROnPlateau`` is stepped with
   (``hvtrace.monitor|NAME``, NAME the metric it monitors), both with that flag too.
 
 The checks run in the optimizer's ``step()`` before the update (so a fingerprint at step ``s`` is
@@ -40,18 +40,17 @@ import zlib
 from collections import deque
 from typing import Any, Final
 
+from hvtrace.format.schema import (
+    CHECK_SPAN,
+    FLAG_AGREE,
+    KIND_CODE,
+    LR_PREFIX,
+    PARAM_PREFIX,
+)
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import FLAG_AGREE, KIND_CODE
 
 log = logging.getLogger("hvtrace")
 
-#: Reserved scalar names (the analysis reads them back).
-PARAM_PREFIX: Final = "hvtrace.param|"
-LR_PREFIX: Final = "hvtrace.lr|"
-MONITOR_PREFIX: Final = "hvtrace.monitor|"
-METRIC_PREFIX: Final = "hvtrace.metric|"
-#: The user span around one parameter check.
-CHECK_SPAN: Final = "hvtrace.consistency"
 #: Device checks whose results are not read back yet, at most (older ones are dropped, counted).
 MAX_PENDING: Final = 8
 _MASK52: Final = (1 << 52) - 1
@@ -250,7 +249,7 @@ class ConsistencyChecks:
 
 def record_agree(rec: Any, name: str, value: Any, step: int | None = None) -> None:
     """Record ``value`` as a scalar ``name`` that must be equal on every rank (flag
-    :data:`~hvtrace.schema.FLAG_AGREE`) on recorder ``rec``. ``step``: default the step in
+    :data:`~hvtrace.format.schema.FLAG_AGREE`) on recorder ``rec``. ``step``: default the step in
     progress, or the one just finished between steps (as :func:`hvtrace.scalar`). Raises on a
     value that is not a number (the callers catch it)."""
     if step is None:

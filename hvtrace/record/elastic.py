@@ -48,8 +48,6 @@ log = logging.getLogger("hvtrace")
 
 #: The name of the set-up collective (every rank, at start and after each reset).
 SETUP_NAME: Final = "hvtrace.setup"
-#: Most membership records kept per file (a flapping job cannot grow the status without bound).
-MAX_RECORDS: Final = 1000
 #: Most workers listed per membership record.
 MAX_MEMBERS: Final = 100_000
 
@@ -333,10 +331,10 @@ def on_reset(tr: Any) -> None:
     whether or not it still records, then go on at the agreed step with a membership record
     (and a ``hvtrace.reset`` user span from the end of the last step to now). Never raises: a
     failure disables tracing with one warning."""
+    from hvtrace.format.schema import KIND_CODE
     from hvtrace.record import collectives
     from hvtrace.record.clocksync import handshake
     from hvtrace.record.timers import monotonic_ns
-    from hvtrace.schema import KIND_CODE
 
     on_interrupt(tr, restored=False)
     st = tr.elastic
@@ -386,23 +384,3 @@ def on_reset(tr: Any) -> None:
             "hvtrace: elastic reset: size %d -> %d, going on at step %d", prev_size, size,
             m.start_step,
         )  # fmt: skip
-
-
-def merge_membership(old: Any, new: Any) -> list[dict[str, Any]]:
-    """Merge the ``membership`` records of batch statuses, in order, once each (by generation);
-    anything that is not a dict with an integer ``gen`` is dropped."""
-    out: list[dict[str, Any]] = []
-    seen: set[int] = set()
-    for x in (old, new):
-        for e in x if isinstance(x, list) else []:
-            if not isinstance(e, dict):
-                continue
-            try:
-                gen = int(e.get("gen"))  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                continue
-            if gen in seen or len(out) >= MAX_RECORDS:
-                continue
-            seen.add(gen)
-            out.append(e)
-    return out

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from hvtrace.clock import ClockEstimate
+from hvtrace.format.schema import FORMAT_NAME, FORMAT_VERSION
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import FORMAT_NAME, FORMAT_VERSION
 
 
 def build_header(
@@ -105,7 +105,7 @@ def _version(module: str) -> str | None:
 
 def model_name(model: Any) -> str | None:
     """The model's class name for the header; None without a model, or when it is not known yet
-    (a model found at its first forward, :class:`hvtrace.record.autotrace.ModelFinder`)."""
+    (a model found at its first forward, :class:`hvtrace.autotrace.ModelFinder`)."""
     if model is None:
         return None
     return getattr(model, "header_name", type(model).__name__)

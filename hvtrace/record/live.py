@@ -14,7 +14,7 @@ thread; the ranks exchange their matrices with one Horovod allgather issued from
 decision on that window, from a thread of its own ("hvtrace-judge", so that the live thread goes
 on reducing while it waits; a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the
 newest) in a child process
-(:mod:`hvtrace.record.live_judge`: its pandas work never holds the training process's GIL)
+(:mod:`hvtrace.analysis.live`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
 ``hvtrace analyze --steps`` of the same steps name the same rank and phase.
@@ -27,7 +27,7 @@ On rank 0, a rank named in :data:`PERSIST_WINDOWS` windows in a row logs one lin
 and a logged rank that is then not named in as many windows in a row logs that it recovered; a
 logged rank whose phase, cause or size changes (:func:`changed`) for as many windows logs the new
 verdict. A host short of CPU logs one line when that begins and one when it ends, and no rank
-is named for contention live (:func:`verdicts` says why).
+is named for contention live (:func:`hvtrace.analysis.live.verdicts` says why).
 Each verdict is also passed to the callbacks registered with :func:`on_straggler` (on rank 0's
 judge thread, "hvtrace-judge"; an exception in one is logged, never raised), and written into
 rank 0's trace file (batch status key ``live``), so the analysis shows when each was first seen.
@@ -49,18 +49,18 @@ from typing import Any, Final
 
 import numpy as np
 
+from hvtrace.format.schema import KIND_CODE, LIVE_ARRIVAL_COL, LIVE_COLS, LIVE_PHASES
+from hvtrace.format.status import live_line
 from hvtrace.record.cpustat import deltas_columns
 from hvtrace.record.rows import CPU_END, CPU_START, UNREAD, Allreduces
-from hvtrace.schema import KIND_CODE, STEP_PHASE_KINDS
 
 log = logging.getLogger("hvtrace")
 
-#: The phases (and the whole step) of a window's rows, in column order.
-PHASES: Final[tuple[str, ...]] = STEP_PHASE_KINDS
+#: A window's matrix layout (:data:`hvtrace.format.schema.LIVE_COLS`): phases in column order.
+PHASES: Final[tuple[str, ...]] = LIVE_PHASES
 _CODE = {KIND_CODE[p]: i for i, p in enumerate(PHASES)}
-#: Columns of one step's row: step number, per phase ns / cpu ns / runq ns, arrival ns.
-N_COLS: Final = 1 + 3 * len(PHASES) + 1
-_ARRIVAL = N_COLS - 1
+N_COLS: Final = LIVE_COLS
+_ARRIVAL = LIVE_ARRIVAL_COL
 
 #: A rank is logged late once named in this many windows in a row, and recovered once not
 #: named in as many (one window of a few dozen steps can name a rank by chance on a busy host).
@@ -141,106 +141,6 @@ def _add(out: np.ndarray, rows: np.ndarray, cols: np.ndarray, values: Any, ok: A
         np.add.at(out, (rows, cols), values)
 
 
-def step_frame(gathered: np.ndarray, size: int) -> Any:
-    """The step table (as :func:`hvtrace.analysis.steps.finish_steps` makes it) of the gathered
-    matrices: ``gathered`` is every rank's :func:`step_matrix`, stacked in rank order."""
-    import pandas as pd
-
-    from hvtrace.analysis.steps import PHASES as STEP_PHASES
-    from hvtrace.analysis.steps import finish_steps
-
-    per = gathered.reshape(size, -1, N_COLS)
-    n = per.shape[1]
-    cols: dict[str, Any] = {
-        "rank": np.repeat(np.arange(size), n),
-        "step": per[:, :, 0].ravel(),
-    }
-    for j, p in enumerate(PHASES):
-        cols[f"{p}_ns"] = per[:, :, 1 + 3 * j].ravel()
-        cols[f"{p}_cpu_ns"] = per[:, :, 2 + 3 * j].ravel()
-        cols[f"{p}_runq_ns"] = per[:, :, 3 + 3 * j].ravel()
-    df = pd.DataFrame(cols)
-    df = df[np.isfinite(df["step"]) & np.isfinite(df["step_ns"])].copy()
-    df["step"] = df["step"].astype(np.int64)
-    for p in STEP_PHASES:
-        df[f"{p}_ns"] = df[f"{p}_ns"].fillna(0)
-    df["model_ns"] = df["forward_ns"] + df["backward_ns"] + df["compute_ns"]
-    phase_sum = sum(df[f"{p}_ns"] for p in STEP_PHASES)
-    df["other_ns"] = (df["step_ns"] - phase_sum).clip(lower=0)
-    arrival = per[:, :, _ARRIVAL].ravel()[df.index.to_numpy()]
-    df["arrival_ns"] = pd.array(
-        np.where(np.isfinite(arrival), arrival, 0).astype(np.int64), dtype="Int64"
-    )
-    df.loc[~np.isfinite(arrival), "arrival_ns"] = pd.NA
-    df["has_step"] = True
-    for c in [c for c in df.columns if c.endswith(("_cpu_ns", "_runq_ns"))]:
-        if df[c].isna().all():
-            del df[c]
-    return finish_steps(df.reset_index(drop=True), size)
-
-
-def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dict[str, Any]]:
-    """The verdicts of one window, as the offline analysis decides (host-timed thresholds).
-
-    Stragglers (one dict per rank named) and hosts short of CPU (``kind`` ``"host"``: as
-    :func:`hvtrace.analysis.stragglers.host_contention` decides). A rank named for contention
-    is not a rank verdict: over a window of steps, on a host short of CPU, whichever rank is
-    behind waits for a CPU while its peers spin in their wait for it, and the next window it
-    may be another rank; the offline analysis, over the whole run, names a rank whose CPU is
-    taken away all along (a neighbour pinned to its core). Live, its host is named instead."""
-    from hvtrace.analysis.stragglers import (
-        StragglerConfig,
-        find_stragglers,
-        host_contention,
-        straggler_table,
-    )
-
-    st = step_frame(gathered, size)
-    if st.empty:
-        return []
-    cfg = StragglerConfig.for_timing("host_monotonic")
-    named = find_stragglers(straggler_table(st, None, hosts, None, 0, cfg))
-    med_step_ms = float(st["step_ns"].median()) / 1e6
-    first, last = int(st["step"].min()), int(st["step"].max())
-    out = []
-    contended: dict[str, dict[str, Any]] = {}
-    for h in host_contention(st, 0, {r: hosts.get(r, "?") for r in range(size)}).itertuples():
-        if h.short:
-            contended[str(h.host)] = {
-                "kind": "host",
-                "host": str(h.host),
-                "first_step": first,
-                "last_step": last,
-                "work_share": round(float(h.work_share), 4),
-                "runq_ms": round(float(h.runq_ms), 3),
-            }
-    for _, v in named.iterrows():
-        late = float(v["late_ms"]) if np.isfinite(v["late_ms"]) else 0.0
-        cause = str(v.get("cause", "") or "")
-        if cause == "contention":
-            host = str(v["host"])
-            contended.setdefault(
-                host,
-                {"kind": "host", "host": host, "first_step": first, "last_step": last,
-                 "work_share": None, "runq_ms": None},
-            )  # fmt: skip
-            continue
-        out.append(
-            {
-                "rank": int(v["rank"]),
-                "host": str(v["host"]),
-                "first_step": first,
-                "last_step": last,
-                "late_ms": round(late, 3),
-                "phase": str(v["phase"]),
-                "cause": cause,
-                "phase_excess_ms": round(float(v["phase_excess_ms"]), 3),
-                "step_share": round(late / med_step_ms, 4) if med_step_ms > 0 else None,
-            }
-        )
-    return out + list(contended.values())
-
-
 def changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Whether a rank's verdict changed materially since it was logged: another phase or cause,
     or a lateness that moved by more than half (and by more than the host-timed noise floor)."""
@@ -300,7 +200,7 @@ JUDGE_LAUNCH: Final = (
     "try:\n    os.sched_setaffinity(0, range(os.cpu_count() or 1))\n"
     "except (AttributeError, OSError, ValueError):\n    pass\n"
     "import runpy\n"
-    "runpy.run_module('hvtrace.record.live_judge', run_name='__main__', alter_sys=True)\n"
+    "runpy.run_module('hvtrace.analysis.live', run_name='__main__', alter_sys=True)\n"
 )
 
 #: Rank 0: gathered windows that may wait for the judge thread; a newer one pushes the oldest out.
@@ -367,7 +267,9 @@ class LiveMonitor:
         self.window_start_ns = time.monotonic_ns()
         self.init_verdicts()
         #: Rank 0 judges in a child process (False: in this one; tests).
-        self.use_process = True
+        #: None: the judge process (:mod:`hvtrace.analysis.live`) decides; else a function with
+        #: its ``verdicts`` signature, called here (tests).
+        self.judge: Callable[[np.ndarray, int, dict[int, str]], list[dict[str, Any]]] | None = None
         self._judge_proc: Any = None
         #: Rank 0: the windows waiting for the judge thread (None: not started), and how many
         #: it skipped, falling behind (see :data:`JUDGE_BACKLOG`).
@@ -578,7 +480,7 @@ class LiveMonitor:
 
     def _ask_judge(self, gathered: np.ndarray, size: int) -> list[dict[str, Any]]:
         """The window's verdicts from the judge process (started on first use; see
-        :mod:`hvtrace.record.live_judge`): the pandas work never holds this process's GIL."""
+        :mod:`hvtrace.analysis.live`): the pandas work never holds this process's GIL."""
         import json
         import subprocess
         import sys
@@ -633,8 +535,8 @@ class LiveMonitor:
         gathered = self._decided_on(gathered, size)
         found = (
             self._ask_judge(gathered, size)
-            if self.use_process
-            else verdicts(gathered, size, self.hosts)
+            if self.judge is None
+            else self.judge(gathered, size, self.hosts)
         )
         now = {v["rank"]: v for v in found if v.get("kind", "rank") == "rank"}
         hosts_now = {v["host"]: v for v in found if v.get("kind") == "host"}
@@ -670,7 +572,7 @@ class LiveMonitor:
             v = self.contended.pop(h)
             events.append(dict(v, event="uncontended", rank=None, first_step=first, last_step=last))
         for e in events:
-            log.warning("%s", line(e))
+            log.warning("%s", live_line(e))
             rec = self.tracer.rec
             if rec.enabled:
                 rec.live_events.append(e)
@@ -688,47 +590,3 @@ def _count_windows(streak: dict[Any, int], clear: dict[Any, int], now: dict[Any,
     for k in set(streak) | set(now):
         streak[k] = streak.get(k, 0) + 1 if k in now else 0
         clear[k] = 0 if k in now else clear.get(k, 0) + 1
-
-
-def line(e: dict[str, Any]) -> str:
-    """The log line of a live verdict."""
-    steps = f"steps {e['first_step']}-{e['last_step']}"
-    if e["event"] == "contended":
-        share = e.get("work_share")
-        how = (
-            f": its ranks wait for a CPU {share:.0%} of their time outside synchronize"
-            if share is not None
-            else ""
-        )
-        return f"hvtrace: host {e['host']} is short of CPU over {steps}{how} (no rank named)"
-    if e["event"] == "uncontended":
-        return f"hvtrace: host {e['host']} no longer short of CPU over {steps}"
-    who = f"rank {e['rank']} (host {e['host']})"
-    if e["event"] == "recovered":
-        return f"hvtrace: {who} no longer late over {steps}"
-    why = e["phase"] + (f", {e['cause']}" if e.get("cause") else "")
-    share = e.get("step_share")
-    tail = f"; ~{share:.0%} of step time" if share is not None else ""
-    now = "now " if e["event"] == "changed" else ""
-    return f"hvtrace: {who} {now}late {e['late_ms']:.1f} ms/step over {steps}: {why}{tail}"
-
-
-#: Most live events kept per file (a flapping rank cannot grow the status without bound).
-MAX_EVENTS: Final = 1000
-
-
-def merge_live(old: Any, new: Any) -> list[dict[str, Any]]:
-    """Merge the ``live`` records of batch statuses, in order, once each (by event, rank and
-    window); anything that is not a dict with those is dropped."""
-    out: list[dict[str, Any]] = []
-    seen: set[tuple[Any, ...]] = set()
-    for x in (old, new):
-        for e in x if isinstance(x, list) else []:
-            if not isinstance(e, dict):
-                continue
-            key = tuple(str(e.get(k)) for k in ("event", "rank", "host", "first_step"))
-            if key in seen or len(out) >= MAX_EVENTS:
-                continue
-            seen.add(key)
-            out.append(e)
-    return out

@@ -130,21 +130,3 @@ class ConnectionSampler:
                 self._last[key] = seen
                 moved.append(c)
         return moved
-
-
-def merge_connections(old: Any, new: Any) -> list[dict[str, Any]]:
-    """Merge two ``tcp`` lists of batch statuses: per connection (local, peer), the later sample
-    wins (the counters are cumulative). Entries that are not dicts with both addresses are
-    dropped here; the analyzer checks the values."""
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for lst in (old, new):
-        if not isinstance(lst, list):
-            continue
-        for c in lst:
-            if (
-                isinstance(c, dict)
-                and isinstance(c.get("local"), str)
-                and isinstance(c.get("peer"), str)
-            ):
-                merged[(c["local"], c["peer"])] = c
-    return list(merged.values())

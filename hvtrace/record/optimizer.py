@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from hvtrace import settings
+from hvtrace.format.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
 from hvtrace.record import collectives, consistency, elastic, hvdpatch, torchpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
@@ -58,7 +59,6 @@ from hvtrace.record.native import PhasesBase, _hot, hot_module
 from hvtrace.record.opening import Recording, open_recording, trace_options
 from hvtrace.record.rows import Allreduces, handle_of
 from hvtrace.record.timers import monotonic_ns
-from hvtrace.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
 
 log = logging.getLogger("hvtrace")
 
@@ -130,8 +130,6 @@ def DistributedOptimizer(
     """
     import horovod.torch as hvd
 
-    from hvtrace.record.autotrace import horovod_optimizer_factory
-
     build = horovod_optimizer_factory(hvd)  # Horovod's own, if tracing by environment patched it
     dist = build(optimizer, named_parameters=named_parameters, **horovod_kwargs)
     if not hvd.is_initialized():  # Horovod accepted it uninitialized: so does hvtrace, untraced
@@ -148,6 +146,18 @@ def DistributedOptimizer(
         consistency_every=consistency_every,
     )
     return dist
+
+
+#: The attribute of a patched ``hvd.DistributedOptimizer`` (tracing by environment,
+#: :mod:`hvtrace.autotrace`) that holds Horovod's own function.
+ORIGINAL_ATTR = "_hvtrace_original"
+
+
+def horovod_optimizer_factory(hvd: Any) -> Any:
+    """Horovod's own ``DistributedOptimizer`` function, whether or not tracing by environment
+    patched ``hvd`` (``horovod.torch``)."""
+    fn = hvd.DistributedOptimizer
+    return getattr(fn, ORIGINAL_ATTR, fn)
 
 
 def trace_optimizer(

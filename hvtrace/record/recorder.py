@@ -25,13 +25,13 @@ from typing import Any, TypeVar
 
 from hvtrace import settings
 from hvtrace.clock import ClockEstimate
+from hvtrace.format.schema import DTYPE_CODE, FILE_SUFFIX, FLAG_AGREE, KIND_CODE
 from hvtrace.record.cpustat import ThreadCounters
 from hvtrace.record.netstat import ConnectionSampler
 from hvtrace.record.rows import span_count
 from hvtrace.record.stall import StallWatch
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
-from hvtrace.schema import DTYPE_CODE, FILE_SUFFIX, FLAG_AGREE, KIND_CODE
 
 log = logging.getLogger("hvtrace")
 
@@ -349,8 +349,8 @@ def scalar(name: str, value: Any, agree: bool = False) -> None:
     ``agree=True`` marks a value that must be equal on every rank (a learning rate, an epoch
     number, a metric averaged across ranks): ``hvtrace analyze`` compares it across ranks per
     step and reports a ``divergence`` (the step, the ranks and their values) where it differs
-    (flag bit 3 of the row, :data:`hvtrace.schema.FLAG_AGREE`). Compare exactly: record a value
-    every rank computes the same way (``float(hvd.allreduce(x))``), not a rank's own loss.
+    (flag bit 3 of the row, :data:`hvtrace.format.schema.FLAG_AGREE`). Compare exactly: record a
+    value every rank computes the same way (``float(hvd.allreduce(x))``), not a rank's own loss.
 
     The value belongs to the step in progress; recorded after ``opt.step()`` and before the next
     step's forward, it belongs to the step just finished.

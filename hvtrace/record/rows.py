@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from hvtrace.schema import KIND_CODE
+from hvtrace.format.schema import KIND_CODE
 
 # Row layout (positions in the tuple).
 STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS, CPU_START, CPU_END = range(12)

@@ -81,15 +81,3 @@ def pending_tensors(tracer: Any) -> list[str]:
         if len(out) >= MAX_PENDING:
             break
     return out[:MAX_PENDING]
-
-
-def merge_stalls(old: Any, new: Any) -> list[dict[str, Any]]:
-    """Merge the ``stall`` records of batch statuses: the latest per (step, micro) wins (it has
-    waited longest). ``new`` may be one record or a list; anything else is dropped."""
-    merged: dict[tuple[Any, Any], dict[str, Any]] = {}
-    for x in (old, new):
-        for rec in x if isinstance(x, list) else [x]:
-            if isinstance(rec, dict) and "step" in rec:
-                key = (rec.get("step"), rec.get("micro"), str(rec.get("collective")))
-                merged[key] = rec
-    return list(merged.values())

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import Any
 
-from hvtrace.schema import FLAG_CUDA
+from hvtrace.format.schema import FLAG_CUDA
 
 monotonic_ns = time.monotonic_ns
 

@@ -20,7 +20,8 @@ from helpers import horovodrun_path, run_job, tail
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.export.report import analysis_to_dict, format_report
-from hvtrace.load import find_trace_files, open_run, read_rank_file
+from hvtrace.format.read import find_trace_files, read_rank_file
+from hvtrace.load import open_run
 
 pytestmark = [pytest.mark.horovod, pytest.mark.timeout(200)]
 

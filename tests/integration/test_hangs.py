@@ -15,7 +15,8 @@ import pytest
 from helpers import horovodrun_path, job_env
 
 from hvtrace.cli import main as cli_main
-from hvtrace.load import TraceError, read_rank_file
+from hvtrace.format.read import read_rank_file
+from hvtrace.load import TraceError
 
 pytestmark = pytest.mark.horovod
 

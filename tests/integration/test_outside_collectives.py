@@ -20,8 +20,8 @@ import pytest
 from helpers import analyze_cli, run_train, tail
 
 from hvtrace.analysis.summary import analyze
+from hvtrace.format.schema import FLAG_OWN
 from hvtrace.load import load_run
-from hvtrace.schema import FLAG_OWN
 
 pytestmark = [pytest.mark.horovod, pytest.mark.timeout(900)]
 

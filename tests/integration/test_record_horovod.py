@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from helpers import run_train, tail
 
+from hvtrace.format.schema import FORMAT_VERSION
 from hvtrace.load import Run, load_run
-from hvtrace.schema import FORMAT_VERSION
 
 # a fixture's horovodrun launch counts against the first test that needs it: allow several
 pytestmark = [pytest.mark.horovod, pytest.mark.timeout(1500)]

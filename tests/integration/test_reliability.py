@@ -14,7 +14,8 @@ import pytest
 from helpers import describe, horovodrun_path, job_env, run_train
 
 from hvtrace.cli import main as cli_main
-from hvtrace.load import TraceError, load_run, read_rank_file
+from hvtrace.format.read import read_rank_file
+from hvtrace.load import TraceError, load_run
 
 pytestmark = pytest.mark.horovod
 

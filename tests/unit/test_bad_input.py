@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hvtrace.cli import main as cli_main
-from hvtrace.record.writer import compact_run
-from hvtrace.schema import HEADER_KEY, TRACE_SUFFIXES
+from hvtrace.format.compact import compact_run
+from hvtrace.format.schema import HEADER_KEY, TRACE_SUFFIXES
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 BALANCED = SAMPLES / "balanced_2rank"
@@ -310,7 +310,7 @@ def test_a_small_batch_claiming_millions_of_rows_is_not_expanded(tmp_path: Path,
     is refused before decompression; the batches before it are kept and the report says so."""
     import pyarrow as pa
 
-    from hvtrace.load import MAX_EXPANSION, StreamScan, plausible_batches, read_rank_file
+    from hvtrace.format.read import MAX_EXPANSION, StreamScan, plausible_batches, read_rank_file
 
     run = _copy(FOUR, tmp_path / "run")
     victim = _files(run)[3]
@@ -342,7 +342,8 @@ def test_a_small_row_group_claiming_millions_of_rows_is_not_decoded(tmp_path: Pa
     import pyarrow.parquet as pq
 
     from hvtrace.analysis import analyze
-    from hvtrace.load import open_run, plausible_row_groups, read_rank_file
+    from hvtrace.format.read import plausible_row_groups, read_rank_file
+    from hvtrace.load import open_run
 
     run = _compacted(FOUR, tmp_path / "run")
     victim = _files(run)[3]

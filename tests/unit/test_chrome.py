@@ -17,8 +17,16 @@ from hvtrace.export.chrome import (
     chrome_events,
     write_chrome_trace,
 )
-from hvtrace.load import RankFile, Run, TraceError, load_run
-from hvtrace.schema import DTYPE_CODE, FILE_SCHEMA, FORMAT_NAME, FORMAT_VERSION, KIND_CODE, KINDS
+from hvtrace.format.read import RankFile
+from hvtrace.format.schema import (
+    DTYPE_CODE,
+    FILE_SCHEMA,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    KIND_CODE,
+    KINDS,
+)
+from hvtrace.load import Run, TraceError, load_run
 
 T0 = 5_000_000_000  # absolute ns of the earliest span in the hand-made runs
 HOSTS = {0: "node-a", 1: "node-a", 2: "node-b"}
@@ -507,7 +515,7 @@ def test_real_trace_files(tmp_path: Path) -> None:
 
 def test_collectives_are_the_analysis_collectives() -> None:
     """One collective per (step, tensor), as hvtrace.analysis.bandwidth counts them."""
-    from hvtrace.analysis.bandwidth import collective_table
+    from hvtrace.analysis.engine import collective_table
 
     spans = make_spans(ranks=3, steps=3, tensors=4)
     ids = {

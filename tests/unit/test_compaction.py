@@ -19,10 +19,9 @@ from helpers import make_header, row, status, write_rank_file
 
 from hvtrace.cli import main as cli_main
 from hvtrace.clock import ClockEstimate
-from hvtrace.load import TraceError, load_run, open_run, read_rank_file
-from hvtrace.record.recorder import Recorder
-from hvtrace.record.writer import TraceFile, compact, compact_run
-from hvtrace.schema import (
+from hvtrace.format.compact import compact, compact_run
+from hvtrace.format.read import read_rank_file
+from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
     FILE_SCHEMA,
@@ -30,6 +29,9 @@ from hvtrace.schema import (
     KIND_CODE,
     PARQUET_ROW_GROUP_ROWS,
 )
+from hvtrace.load import TraceError, load_run, open_run
+from hvtrace.record.recorder import Recorder
+from hvtrace.record.writer import TraceFile
 from hvtrace.selection import StepRange
 
 RUN = "20240101-000000-abcdef"
@@ -233,13 +235,14 @@ def test_without_a_child_process_the_rank_compacts_itself(tmp_path: Path, monkey
 
 
 def test_compaction_failure_leaves_the_stream(tmp_path: Path, monkeypatch) -> None:
+    import hvtrace.format.compact as fc
     import hvtrace.record.writer as w
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
     rec = _record(tmp_path, 1000)
-    monkeypatch.setattr(w, "_write_parquet", boom)
+    monkeypatch.setattr(fc, "_write_parquet", boom)
     monkeypatch.setattr(w, "compact_in_child", lambda p: w.compact(p, live_check=False))
     rec.close()  # never raises into training
     assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]
@@ -509,6 +512,7 @@ def test_open_run_reads_no_spans_and_builds_them_on_demand(tmp_path: Path) -> No
 
 
 def test_open_run_with_ranks_opens_no_other_rank_file(tmp_path: Path, monkeypatch) -> None:
+    import hvtrace.format.read as read
     import hvtrace.load as load
 
     run_dir = tmp_path / "run"
@@ -517,8 +521,9 @@ def test_open_run_with_ranks_opens_no_other_rank_file(tmp_path: Path, monkeypatc
     garbage.write_bytes(b"garbage, never opened" * 50)
     (run_dir / f"rank00003-{RUN}.parquet").chmod(0)  # unreadable: never opened either
     opened: list[str] = []
-    real = load._is_parquet
-    monkeypatch.setattr(load, "_is_parquet", lambda p: opened.append(Path(p).name) or real(p))
+    real = read._is_parquet
+    for module in (read, load):  # the run's listing and the file reader
+        monkeypatch.setattr(module, "_is_parquet", lambda p: opened.append(Path(p).name) or real(p))
     run = open_run(run_dir, ranks=frozenset({0, 1}))
     assert run.ranks == [0, 1] and run.selected_ranks == {0, 1}
     assert run.problems == [] and run.missing_ranks == [] and run.complete

@@ -1,7 +1,7 @@
 """Consistency across ranks, analysis side, on hand-made frames and trace files.
 
 Scalar rows under the reserved names (``hvtrace.param|``, ``hvtrace.lr|``, ``hvtrace.monitor|``,
-``hvtrace.metric|``) and user scalars flagged :data:`~hvtrace.schema.FLAG_AGREE` are compared
+``hvtrace.metric|``) and user scalars flagged :data:`~hvtrace.format.schema.FLAG_AGREE` are compared
 across ranks per (step, name); the first differing step of each kind becomes a ``divergence``
 finding, first after hangs.
 """
@@ -19,8 +19,8 @@ from helpers import make_header, write_rank_file
 from hvtrace.analysis import consistency
 from hvtrace.analysis.summary import analyze, analyze_spans
 from hvtrace.export.report import analysis_to_dict, format_report
+from hvtrace.format.schema import FLAG_AGREE, KIND_CODE
 from hvtrace.load import open_run, span_sources
-from hvtrace.schema import FLAG_AGREE, KIND_CODE
 from hvtrace.selection import StepRange
 
 TENSORS = ["net.0.weight", "net.0.bias", "net.2.weight"]

@@ -14,10 +14,10 @@ import pytest
 import torch
 from helpers import make_header
 
+from hvtrace.format.schema import FLAG_AGREE, KIND_CODE
 from hvtrace.record import consistency as cons
 from hvtrace.record import recorder as recmod
 from hvtrace.record.recorder import Recorder
-from hvtrace.schema import FLAG_AGREE, KIND_CODE
 
 
 def _bump(t: torch.Tensor) -> torch.Tensor:

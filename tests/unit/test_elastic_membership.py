@@ -10,8 +10,10 @@ from helpers import make_header, row, status, write_rank_file
 
 from hvtrace.analysis.membership import epochs, reset_findings
 from hvtrace.analysis.summary import analyze
-from hvtrace.load import load_run, open_run, read_rank_file
-from hvtrace.record.elastic import agree, merge_membership
+from hvtrace.format.read import read_rank_file
+from hvtrace.format.status import merge_membership
+from hvtrace.load import load_run, open_run
+from hvtrace.record.elastic import agree
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 

@@ -13,7 +13,7 @@ from analysis_frames import span_row as _span
 
 from hvtrace.analysis import analyze_spans, make_findings
 from hvtrace.analysis.findings import OUTSIDE_RUN_SHARE
-from hvtrace.schema import FLAG_AGREE
+from hvtrace.format.schema import FLAG_AGREE
 
 STEPS = 41  # steps 1..40 analyzed (step 0 is warm-up)
 

@@ -16,7 +16,7 @@ from helpers import make_header, row, status, write_rank_file
 
 from hvtrace.errors import TraceError
 from hvtrace.follow import STALE_S, RunFollower, StreamTail
-from hvtrace.load import StreamScan, read_rank_file
+from hvtrace.format.read import StreamScan, read_rank_file
 
 RUN = "20240101-000000-abcdef"
 

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 from helpers import damage_row_group, make_header, row, status, write_rank_file
 
-from hvtrace.load import TraceError, load_run, open_run, read_header, read_rank_file
-from hvtrace.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
+from hvtrace.format.read import read_header, read_rank_file
+from hvtrace.format.schema import COLUMNS, FILE_SCHEMA, HEADER_KEY, KINDS
+from hvtrace.load import TraceError, load_run, open_run
 
 RUN = "20240101-000000-abcdef"
 
@@ -47,7 +48,7 @@ COL_POS = {c: i for i, c in enumerate(COLUMNS)}
 
 def _expected_columns(batches: list[list[tuple]]) -> dict[str, list]:
     """Expected column values as Python lists (kind and dtype decoded to names)."""
-    from hvtrace.schema import DTYPES
+    from hvtrace.format.schema import DTYPES
 
     rows = [r for b in batches for r in b]
     # rows without CPU readings (these): cpu_ns and runq_ns are null
@@ -427,7 +428,7 @@ def _sorted_expected(batches: list[list[tuple]]) -> dict[str, list]:
 
 
 def test_round_trip_parquet(good_file, tmp_path: Path) -> None:
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path, header, batches, _ = good_file
     res = compact(path)
@@ -449,7 +450,7 @@ def test_parquet_readable_with_plain_pyarrow(good_file) -> None:
     """The documented recipe for the compacted form, with no hvtrace code involved in reading."""
     import pyarrow.parquet as pq
 
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path, header, batches, _ = good_file
     target = compact(path).target
@@ -466,7 +467,7 @@ def test_parquet_readable_with_plain_pyarrow(good_file) -> None:
 
 def test_parquet_readable_with_duckdb(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb")
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -545,7 +546,7 @@ def test_bad_parquet_raises_one_line_trace_error(tmp_path: Path, case: str) -> N
 
 @pytest.mark.parametrize("what", ["empty", "junk", "magic only", "cut"])
 def test_damaged_parquet_file_raises_one_line_trace_error(good_file, tmp_path, what) -> None:
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path = compact(good_file[0]).target
     data = path.read_bytes()
@@ -566,7 +567,7 @@ def test_damaged_row_group_keeps_what_is_readable(tmp_path: Path) -> None:
     """A Parquet file whose data is damaged after its first row group: the first is kept."""
     import pyarrow.parquet as pq
 
-    from hvtrace.record.writer import compact
+    from hvtrace.format.compact import compact
 
     path = tmp_path / f"rank00000-{RUN}.arrows"
     rows = [row("allreduce", f"t{i}", i, i + 5, step=i // 10, nbytes=i) for i in range(300)]

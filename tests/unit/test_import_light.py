@@ -18,7 +18,7 @@ import hvtrace
 heavy = sorted(m for m in ("duckdb", "dask", "dash", "plotly", "hvtrace.load") if m in sys.modules)
 assert not heavy, f"import hvtrace loaded {heavy}"
 import hvtrace.record.recorder, hvtrace.record.writer, hvtrace.record.timers, hvtrace.clock
-import hvtrace.selection, hvtrace.units, hvtrace.schema, hvtrace.errors
+import hvtrace.selection, hvtrace.units, hvtrace.format.schema, hvtrace.errors
 assert "duckdb" not in sys.modules and "hvtrace.load" not in sys.modules
 from hvtrace.errors import TraceError
 assert hvtrace.TraceError is TraceError and issubclass(TraceError, Exception)
@@ -39,7 +39,7 @@ import sys
 import hvtrace
 from hvtrace import DistributedOptimizer, finish, scalar, span
 import hvtrace.record.recorder, hvtrace.record.writer, hvtrace.record.timers, hvtrace.clock
-import hvtrace.selection, hvtrace.units, hvtrace.schema, hvtrace.errors
+import hvtrace.selection, hvtrace.units, hvtrace.format.schema, hvtrace.errors
 heavy = sorted(m for m in ("pandas", "duckdb") if m in sys.modules)
 assert not heavy, f"import hvtrace loaded {heavy}"
 from hvtrace.record.writer import BatchEncoder

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hvtrace.analysis import live as live_judge
+from hvtrace.format.schema import KIND_CODE
+from hvtrace.format.status import MAX_EVENTS, merge_live
 from hvtrace.record import live
 from hvtrace.record.rows import Allreduces
-from hvtrace.schema import KIND_CODE
 
 MS = 1_000_000
 
@@ -205,12 +207,12 @@ def test_a_live_thread_that_failed_is_handed_nothing_more(monkeypatch) -> None:
 
 def test_the_gathered_windows_name_the_slow_rank_as_the_analysis_does() -> None:
     gathered = np.vstack([_window(0.0), _window(20.0)])
-    out = live.verdicts(gathered, 2, {0: "a", 1: "b"})
+    out = live_judge.verdicts(gathered, 2, {0: "a", 1: "b"})
     assert [(v["rank"], v["host"], v["phase"]) for v in out] == [(1, "b", "forward")]
     v = out[0]
     assert (v["first_step"], v["last_step"]) == (40, 59)
     assert v["late_ms"] == pytest.approx(20.0) and v["phase_excess_ms"] == pytest.approx(20.0)
-    assert live.verdicts(np.vstack([_window(0.0), _window(0.0)]), 2, {}) == []
+    assert live_judge.verdicts(np.vstack([_window(0.0), _window(0.0)]), 2, {}) == []
 
 
 @pytest.mark.parametrize("use_process", [False, True], ids=["in-process", "judge-process"])
@@ -225,7 +227,8 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "b"}
     mon.init_verdicts()
-    mon.use_process, mon._judge_proc, mon._judge_q = use_process, None, None
+    mon.judge = None if use_process else live_judge.verdicts
+    mon._judge_proc, mon._judge_q = None, None
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
         for first, slow in ((20, 20.0), (40, 0.0), (60, 20.0), (80, 20.0), (100, 20.0)):
             mon._judge(np.vstack([_window(0.0, first), _window(slow, first)]), 2)
@@ -246,10 +249,10 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
 def test_live_records_merge_once_each_and_drop_junk() -> None:
     a = {"event": "late", "rank": 1, "first_step": 40}
     b = {"event": "recovered", "rank": 1, "first_step": 80}
-    out = live.merge_live([a, "junk"], [a, b, None, 7])
+    out = merge_live([a, "junk"], [a, b, None, 7])
     assert out == [a, b]
-    many = [{"event": "late", "rank": i, "first_step": 0} for i in range(live.MAX_EVENTS + 5)]
-    assert len(live.merge_live(many, None)) == live.MAX_EVENTS
+    many = [{"event": "late", "rank": i, "first_step": 0} for i in range(MAX_EVENTS + 5)]
+    assert len(merge_live(many, None)) == MAX_EVENTS
 
 
 def test_windows_where_no_rank_recorded_a_step_are_judged_without_error(monkeypatch) -> None:
@@ -259,7 +262,7 @@ def test_windows_where_no_rank_recorded_a_step_are_judged_without_error(monkeypa
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "b"}
     mon.init_verdicts()
-    mon.use_process, mon._judge_proc, mon._judge_q = False, None, None
+    mon.judge, mon._judge_proc, mon._judge_q = live_judge.verdicts, None, None
     for first in (20, 40):
         mon._judge(np.vstack([_window(0.0, first), _window(20.0, first)]), 2)
     assert [e["event"] for e in rec.live_events] == ["late"]

@@ -21,8 +21,8 @@ from helpers import make_header
 from hvtrace.cli import main
 from hvtrace.errors import TraceError
 from hvtrace.export.output import open_output
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record import recorder as R
-from hvtrace.schema import KIND_CODE
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "balanced_2rank"
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
@@ -194,7 +194,7 @@ def test_small_ones(tmp_path: Path, monkeypatch) -> None:
     carries its sample run as package data (an installed wheel has it)."""
     import tomllib
 
-    from hvtrace.load import _short, read_header
+    from hvtrace.format.read import _short, read_header
 
     long = ValueError(("word " * 80).strip())
     short = _short(long)

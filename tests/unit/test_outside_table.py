@@ -12,8 +12,8 @@ from analysis_frames import span_row as _span
 from hvtrace.analysis import analyze_spans
 from hvtrace.analysis.outside import merge_partials, outside_table, split_name
 from hvtrace.analysis.steps import step_table
+from hvtrace.format.schema import FLAG_OWN
 from hvtrace.record.collectives import _clean
-from hvtrace.schema import FLAG_OWN
 
 
 def _job(slow_ms: float = 30.0, steps: int = 12, blocked_known: bool = True) -> pd.DataFrame:

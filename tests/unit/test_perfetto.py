@@ -399,7 +399,7 @@ def test_nothing_to_export_leaves_no_file(run_dir: Path, tmp_path: Path) -> None
 
 
 def test_parquet_files_read_through_duckdb(run_dir: Path, tmp_path: Path) -> None:
-    from hvtrace.record.writer import compact_run
+    from hvtrace.format.compact import compact_run
 
     want = sorted((s.rank, s.name, s.start_ns, s.end_ns)
                   for s in export(run_dir, tmp_path / "a.pftrace").slices)  # fmt: skip

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import torch
 
+from hvtrace.format.schema import FLAG_END_UPPER_BOUND, KIND_CODE, LR_PREFIX, PARAM_PREFIX
 from hvtrace.record import hvdpatch, native
 from hvtrace.record import optimizer as opt
-from hvtrace.record.consistency import LR_PREFIX, PARAM_PREFIX, ConsistencyChecks
+from hvtrace.record.consistency import ConsistencyChecks
 from hvtrace.record.optimizer import Tracer
 from hvtrace.record.rows import Allreduces
-from hvtrace.schema import FLAG_END_UPPER_BOUND, KIND_CODE
 
 KIND_NAME = {v: k for k, v in KIND_CODE.items()}
 #: Host-clock times (the wait span's, synchronize's exit) are above this; scripted ones below.

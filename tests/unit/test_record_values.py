@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from helpers import make_header
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.load import open_run
 from hvtrace.record import recorder as R
-from hvtrace.schema import KIND_CODE
 
 STEPS = 20
 

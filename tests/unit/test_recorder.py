@@ -15,12 +15,13 @@ import pytest
 from helpers import make_header
 
 import hvtrace
-from hvtrace.load import load_run, read_rank_file
+from hvtrace.format.read import read_rank_file
+from hvtrace.format.schema import DTYPE_CODE, KIND_CODE
+from hvtrace.load import load_run
 from hvtrace.record import recorder as recmod
 from hvtrace.record.recorder import Recorder, active_recorder
 from hvtrace.record.rows import Allreduces
 from hvtrace.record.writer import TraceFile
-from hvtrace.schema import DTYPE_CODE, KIND_CODE
 
 RUN = "20240101-000000-7ec0de"
 NEVER = 1e6  # a flush interval the writer thread never reaches during a test

@@ -47,7 +47,7 @@ def test_sigterm_closes_the_file_and_ends_the_process_as_without_hvtrace(tmp_pat
     p = _start(tmp_path, "default")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == -signal.SIGTERM
-    from hvtrace.load import read_rank_file
+    from hvtrace.format.read import read_rank_file
 
     (f,) = sorted((tmp_path / "trace").iterdir())[:1]
     assert read_rank_file(f).complete

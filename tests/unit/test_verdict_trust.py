@@ -14,9 +14,11 @@ import pytest
 from analysis_frames import MS, synth_spans
 
 from hvtrace.analysis import analyze_spans, step_table, user_table
+from hvtrace.analysis import live as live_judge
 from hvtrace.analysis.findings import _rank0_blocking
 from hvtrace.analysis.steps import analyzed_steps
 from hvtrace.analysis.stragglers import StragglerConfig, straggler_episodes, straggler_table
+from hvtrace.format.status import live_line
 from hvtrace.record import live
 
 
@@ -129,8 +131,8 @@ def test_rank0_work_every_n_steps_is_named_with_what_it_costs() -> None:
 # -- live ---------------------------------------------------------------------------------------
 def _step_rows(step: int, t0: int, ms: dict[str, float]) -> list:
     """What the tracer hands the live thread for one step (phase rows, one synchronize)."""
+    from hvtrace.format.schema import KIND_CODE
     from hvtrace.record.rows import Allreduces
-    from hvtrace.schema import KIND_CODE
 
     def row(kind: str, s: int, e: int) -> tuple:
         return (step, 0, KIND_CODE[kind], kind, s, e, 0, 0, np.nan, 0, s, e)
@@ -163,7 +165,7 @@ def _monitor() -> tuple[live.LiveMonitor, SimpleNamespace]:
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "a"}
     mon.init_verdicts()
-    mon.use_process, mon._judge_proc, mon._judge_q = False, None, None
+    mon.judge, mon._judge_proc, mon._judge_q = live_judge.verdicts, None, None
     return mon, rec
 
 
@@ -213,34 +215,32 @@ def test_live_contention_names_the_host_once_per_episode_and_no_rank(monkeypatch
                         "last_step": 20 * i + 19, "work_share": 0.4, "runq_ms": 10.0})  # fmt: skip
         verdicts.append(out)
     it = iter(verdicts)
-    monkeypatch.setattr(live, "verdicts", lambda g, size, hosts: next(it))
     mon, _ = _monitor()
+    mon.judge = lambda g, size, hosts: next(it)
     for i in range(8):
         mon._judge(np.vstack([_window(20 * i, BASE), _window(20 * i, BASE)]), 2)
     assert [(e["event"], e["host"], e["rank"]) for e in got] == [
         ("contended", "a", None),
         ("uncontended", "a", None),
     ]
-    assert got[0]["first_step"] == 40 and "short of CPU" in live.line(got[0])
+    assert got[0]["first_step"] == 40 and "short of CPU" in live_line(got[0])
 
 
 def test_a_window_that_names_a_rank_for_contention_names_its_host_instead(monkeypatch) -> None:
-    """live.verdicts turns a contention-caused straggler into a host verdict."""
-    import hvtrace.analysis.stragglers as stragglers
-
-    real = stragglers.straggler_table
+    """The judge's verdicts turn a contention-caused straggler into a host verdict."""
+    real = live_judge.straggler_table
 
     def contended(*args: object) -> pd.DataFrame:
         t = real(*args)
         t.loc[t["rank"] == 1, "cause"] = "contention"
         return t
 
-    monkeypatch.setattr(stragglers, "straggler_table", contended)
+    monkeypatch.setattr(live_judge, "straggler_table", contended)
     g = np.vstack([_window(20, BASE), _window(20, dict(BASE, forward=30.0))])
-    out = live.verdicts(g, 2, {0: "a", 1: "a"})
+    out = live_judge.verdicts(g, 2, {0: "a", 1: "a"})
     assert [v.get("kind", "rank") for v in out] == ["host"] and out[0]["host"] == "a"
-    monkeypatch.setattr(stragglers, "straggler_table", real)
-    assert [v["rank"] for v in live.verdicts(g, 2, {0: "a", 1: "a"})] == [1]
+    monkeypatch.setattr(live_judge, "straggler_table", real)
+    assert [v["rank"] for v in live_judge.verdicts(g, 2, {0: "a", 1: "a"})] == [1]
 
 
 def test_short_live_windows_are_decided_on_twenty_steps(monkeypatch) -> None:

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record.rows import Allreduces, expand
 from hvtrace.record.writer import BatchEncoder
-from hvtrace.schema import KIND_CODE
 
 
 def _row(step: int, kind: str, t: int, readings: bool = True) -> tuple:

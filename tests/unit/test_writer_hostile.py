@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import make_header
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record.recorder import Recorder
 from hvtrace.record.writer import TraceFile
-from hvtrace.schema import KIND_CODE
 
 
 def _name(header: dict) -> str:
@@ -67,7 +67,7 @@ _STALLED_CHILD = r"""
 import sys, threading, time
 from hvtrace.record.recorder import Recorder
 from hvtrace.record.writer import TraceFile
-from hvtrace.schema import KIND_CODE
+from hvtrace.format.schema import KIND_CODE
 sys.path.insert(0, sys.argv[2])
 from helpers import make_header
 

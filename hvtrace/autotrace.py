@@ -26,6 +26,8 @@ import logging
 import sys
 from typing import Any
 
+from hvtrace.record.optimizer import ORIGINAL_ATTR
+
 log = logging.getLogger("hvtrace")
 
 #: Calls of the global forward hook after which a model never found is given up (the hook is
@@ -40,7 +42,7 @@ _TRACED_ELSEWHERE = ("pytorch_lightning.",)
 def patch_horovod_torch(hvd: Any) -> None:
     """Make ``hvd.DistributedOptimizer`` (``hvd`` is ``horovod.torch``) trace what it builds."""
     original = hvd.DistributedOptimizer
-    if getattr(original, "_hvtrace_original", None) is not None:
+    if getattr(original, ORIGINAL_ATTR, None) is not None:
         return  # patched already
 
     @functools.wraps(original)
@@ -51,14 +53,8 @@ def patch_horovod_torch(hvd: Any) -> None:
             attach(dist)
         return dist
 
-    DistributedOptimizer._hvtrace_original = original  # type: ignore[attr-defined]
+    setattr(DistributedOptimizer, ORIGINAL_ATTR, original)
     hvd.DistributedOptimizer = DistributedOptimizer
-
-
-def horovod_optimizer_factory(hvd: Any) -> Any:
-    """Horovod's own ``DistributedOptimizer`` function, whether or not it was patched here."""
-    fn = hvd.DistributedOptimizer
-    return getattr(fn, "_hvtrace_original", fn)
 
 
 def attach(dist: Any) -> Any:
@@ -180,7 +176,7 @@ def patch_lightning(pl: Any) -> None:
     ``pytorch_lightning``), unless its callbacks have one."""
     trainer_cls = pl.Trainer
     original = trainer_cls.__init__
-    if getattr(original, "_hvtrace_original", None) is not None:
+    if getattr(original, ORIGINAL_ATTR, None) is not None:
         return
     signature = inspect.signature(original)
 
@@ -192,7 +188,7 @@ def patch_lightning(pl: Any) -> None:
             log.warning("hvtrace: could not add the Lightning callback (%s); not tracing", exc)
         original(self, *args, **kwargs)
 
-    __init__._hvtrace_original = original  # type: ignore[attr-defined]
+    setattr(__init__, ORIGINAL_ATTR, original)
     trainer_cls.__init__ = __init__
 
 

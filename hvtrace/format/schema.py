@@ -143,3 +143,22 @@ def dtype_name(torch_dtype: object) -> str:
     """Return the format's dtype name for a torch dtype (``"other"`` when not listed)."""
     name = str(torch_dtype).removeprefix("torch.")
     return name if name in DTYPE_CODE else "other"
+
+
+#: Reserved scalar names (:mod:`hvtrace.record.consistency` records them, the analysis reads them
+#: back): a parameter's fingerprint, a param group's learning rate, the value a plateau scheduler
+#: is stepped with, a logged metric that must agree across ranks.
+PARAM_PREFIX: Final = "hvtrace.param|"
+LR_PREFIX: Final = "hvtrace.lr|"
+MONITOR_PREFIX: Final = "hvtrace.monitor|"
+METRIC_PREFIX: Final = "hvtrace.metric|"
+#: The user span around one parameter check.
+CHECK_SPAN: Final = "hvtrace.consistency"
+
+#: Live detection's window matrix (what each rank reduces a window to and rank 0's judge reads,
+#: :mod:`hvtrace.record.live`, :mod:`hvtrace.analysis.live`): one row per step of float64,
+#: the step number, then per phase of :data:`LIVE_PHASES` its ns, CPU ns and run-queue ns, then
+#: the step's arrival (its last gradient enqueued) in ns on rank 0's clock.
+LIVE_PHASES: Final[tuple[str, ...]] = STEP_PHASE_KINDS
+LIVE_COLS: Final = 1 + 3 * len(LIVE_PHASES) + 1
+LIVE_ARRIVAL_COL: Final = LIVE_COLS - 1

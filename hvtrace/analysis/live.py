@@ -1,0 +1,158 @@
+"""Live detection's judge: the verdicts of one window of steps, as the offline analysis decides.
+
+Each rank reduces a window of steps to a matrix (:data:`hvtrace.format.schema.LIVE_COLS`: one row
+per step, :func:`hvtrace.record.live.step_matrix`); rank 0 gathers them and hands them to this
+module in a child process (``python -m hvtrace.analysis.live``, started by
+:class:`hvtrace.record.live.LiveMonitor`): its pandas work never holds the training process's
+GIL. On stdin, per window, a line of JSON (``size``, ``hosts``, ``rows``, ``cols``) then ``rows x
+cols`` float64 values; on stdout, one line of JSON per window: the list of :func:`verdicts`. It
+exits at the end of its input.
+
+The decision is the offline analysis's own (:func:`hvtrace.analysis.stragglers.straggler_table`
+on a step table built as :func:`hvtrace.analysis.steps.finish_steps` builds it): one
+definition, so the live verdict and ``hvtrace analyze --steps`` of the same steps name the same
+rank and phase.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hvtrace.analysis.steps import PHASES as STEP_PHASES
+from hvtrace.analysis.steps import finish_steps
+from hvtrace.analysis.stragglers import (
+    StragglerConfig,
+    find_stragglers,
+    host_contention,
+    straggler_table,
+)
+from hvtrace.format.schema import LIVE_ARRIVAL_COL, LIVE_COLS, LIVE_PHASES
+
+N_COLS = LIVE_COLS
+PHASES = LIVE_PHASES
+_ARRIVAL = LIVE_ARRIVAL_COL
+
+
+def step_frame(gathered: np.ndarray, size: int) -> Any:
+    """The step table (as :func:`hvtrace.analysis.steps.finish_steps` makes it) of the gathered
+    matrices: ``gathered`` is every rank's :func:`step_matrix`, stacked in rank order."""
+    per = gathered.reshape(size, -1, N_COLS)
+    n = per.shape[1]
+    cols: dict[str, Any] = {
+        "rank": np.repeat(np.arange(size), n),
+        "step": per[:, :, 0].ravel(),
+    }
+    for j, p in enumerate(PHASES):
+        cols[f"{p}_ns"] = per[:, :, 1 + 3 * j].ravel()
+        cols[f"{p}_cpu_ns"] = per[:, :, 2 + 3 * j].ravel()
+        cols[f"{p}_runq_ns"] = per[:, :, 3 + 3 * j].ravel()
+    df = pd.DataFrame(cols)
+    df = df[np.isfinite(df["step"]) & np.isfinite(df["step_ns"])].copy()
+    df["step"] = df["step"].astype(np.int64)
+    for p in STEP_PHASES:
+        df[f"{p}_ns"] = df[f"{p}_ns"].fillna(0)
+    df["model_ns"] = df["forward_ns"] + df["backward_ns"] + df["compute_ns"]
+    phase_sum = sum(df[f"{p}_ns"] for p in STEP_PHASES)
+    df["other_ns"] = (df["step_ns"] - phase_sum).clip(lower=0)
+    arrival = per[:, :, _ARRIVAL].ravel()[df.index.to_numpy()]
+    df["arrival_ns"] = pd.array(
+        np.where(np.isfinite(arrival), arrival, 0).astype(np.int64), dtype="Int64"
+    )
+    df.loc[~np.isfinite(arrival), "arrival_ns"] = pd.NA
+    df["has_step"] = True
+    for c in [c for c in df.columns if c.endswith(("_cpu_ns", "_runq_ns"))]:
+        if df[c].isna().all():
+            del df[c]
+    return finish_steps(df.reset_index(drop=True), size)
+
+
+def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dict[str, Any]]:
+    """The verdicts of one window, as the offline analysis decides (host-timed thresholds).
+
+    Stragglers (one dict per rank named) and hosts short of CPU (``kind`` ``"host"``: as
+    :func:`hvtrace.analysis.stragglers.host_contention` decides). A rank named for contention
+    is not a rank verdict: over a window of steps, on a host short of CPU, whichever rank is
+    behind waits for a CPU while its peers spin in their wait for it, and the next window it
+    may be another rank; the offline analysis, over the whole run, names a rank whose CPU is
+    taken away all along (a neighbour pinned to its core). Live, its host is named instead."""
+    st = step_frame(gathered, size)
+    if st.empty:
+        return []
+    cfg = StragglerConfig.for_timing("host_monotonic")
+    named = find_stragglers(straggler_table(st, None, hosts, None, 0, cfg))
+    med_step_ms = float(st["step_ns"].median()) / 1e6
+    first, last = int(st["step"].min()), int(st["step"].max())
+    out = []
+    contended: dict[str, dict[str, Any]] = {}
+    for h in host_contention(st, 0, {r: hosts.get(r, "?") for r in range(size)}).itertuples():
+        if h.short:
+            contended[str(h.host)] = {
+                "kind": "host",
+                "host": str(h.host),
+                "first_step": first,
+                "last_step": last,
+                "work_share": round(float(h.work_share), 4),
+                "runq_ms": round(float(h.runq_ms), 3),
+            }
+    for _, v in named.iterrows():
+        late = float(v["late_ms"]) if np.isfinite(v["late_ms"]) else 0.0
+        cause = str(v.get("cause", "") or "")
+        if cause == "contention":
+            host = str(v["host"])
+            contended.setdefault(
+                host,
+                {"kind": "host", "host": host, "first_step": first, "last_step": last,
+                 "work_share": None, "runq_ms": None},
+            )  # fmt: skip
+            continue
+        out.append(
+            {
+                "rank": int(v["rank"]),
+                "host": str(v["host"]),
+                "first_step": first,
+                "last_step": last,
+                "late_ms": round(late, 3),
+                "phase": str(v["phase"]),
+                "cause": cause,
+                "phase_excess_ms": round(float(v["phase_excess_ms"]), 3),
+                "step_share": round(late / med_step_ms, 4) if med_step_ms > 0 else None,
+            }
+        )
+    return out + list(contended.values())
+
+
+def main() -> int:
+    """Answer windows until stdin closes, at the lowest CPU priority: the judge is never in a
+    hurry, and on a host whose cores the ranks fill it must not slow rank 0 (which would then
+    be named the straggler for the judge's own work)."""
+    import os
+
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+    inp, out = sys.stdin.buffer, sys.stdout
+    while True:
+        head = inp.readline()
+        if not head:
+            return 0
+        meta = json.loads(head)
+        rows, cols = int(meta["rows"]), int(meta["cols"])
+        data = inp.read(rows * cols * 8)
+        gathered = np.frombuffer(data, dtype=np.float64).reshape(rows, cols)
+        hosts = {int(k): str(v) for k, v in meta.get("hosts", {}).items()}
+        try:
+            res = verdicts(gathered, int(meta["size"]), hosts)
+        except Exception as exc:  # noqa: BLE001 - one bad window does not end live detection
+            res = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(res) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
