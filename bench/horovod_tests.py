@@ -11,7 +11,7 @@ for the same reason); the table says how each ended, whether the traced run reco
 and any test that ended differently. Exit status 1 if one did.
 
 The tests are not in Horovod's PyPI package: pass a checkout of Horovod 0.28.1 (its
-``test/parallel/test_torch.py`` and ``test/utils/``)::
+``test/parallel/test_torch.py`` and ``test/utils/``, which imports ``mock`` and ``cloudpickle``)::
 
     git clone --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod
     .venv/bin/python bench/horovod_tests.py --horovod-src /tmp/horovod  # optimizer tests
@@ -21,6 +21,7 @@ The tests are not in Horovod's PyPI package: pass a checkout of Horovod 0.28.1 (
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -105,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if not src.is_file():
         raise SystemExit(f"{src}: not found (--horovod-src must be a Horovod checkout)")
     names = test_names(src.read_text(), args.tests)
+    missing = [m for m in ("pytest", "mock", "cloudpickle") if importlib.util.find_spec(m) is None]
+    if missing:  # what Horovod's test/utils/common.py imports
+        raise SystemExit(
+            f"Horovod's tests need {', '.join(missing)}: pip install {' '.join(missing)}"
+        )
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="hvtrace-hvdtests-") as tmp:
         work = Path(tmp)

@@ -207,3 +207,24 @@ def test_an_unmodified_lightning_script_gets_the_callback(tmp_path: Path) -> Non
     for rank in (0, 1):
         counts = spans[spans["rank"] == rank].groupby("kind").size()
         assert counts.get("step", 0) == 20 and counts.get("forward", 0) == 20, counts.to_dict()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')"
+)
+def test_a_ray_executor_job_is_traced_by_environment(tmp_path: Path) -> None:
+    """horovod.ray.RayExecutor on a local Ray cluster the driver starts: the workers inherit
+    HVTRACE_DIR through the raylet; both ranks traced, on one host, the slowed rank named."""
+    trace = tmp_path / "trace"
+    script = [sys.executable, str(DATA / "plain_ray.py"), "--np", "2", "--steps", "40"]
+    script += ["--slow-rank", "1", "--slow-ms", "30"]
+    proc = run_job(script, {"HVTRACE_DIR": str(trace)}, tmp_path, 300, True, "ray driver")
+    assert "losses" in proc.stdout, describe(proc)
+    run = load_run(trace)
+    assert run.complete and sorted(run.ranks) == [0, 1], (run.problems, describe(proc))
+    assert len(set(run.hosts.values())) == 1, run.hosts
+    steps = run.spans[run.spans["kind"] == "step"].groupby("rank").size().to_dict()
+    assert steps == {0: 40, 1: 40}, steps
+    a = analyze(run)
+    assert a.stragglers["rank"].tolist() == [1], a.verdicts.to_string()
+    assert a.stragglers.iloc[0]["phase"] == "forward", a.verdicts.to_string()
