@@ -321,7 +321,7 @@ class DashboardData:
         first, last, count = a.analyzed_step_numbers
         per_step = a.per_step
         analyzed = per_step[(per_step["step"] >= first) & (per_step["step"] <= last)]
-        head = _headline(analyzed)
+        head = a.run_row
         n_steps = int(st["step"].nunique()) if len(st) else 0
         n_strag = len(a.stragglers) + len(a.slow_hosts)
         summary = {
@@ -331,7 +331,7 @@ class DashboardData:
             "median step": _fmt(head.get("step_ms"), " ms"),
             "comm/compute": _fmt(head.get("comm_compute_ratio"), "", ".2f"),
             "overlap": _fmt(head.get("overlap"), "", ".0%"),
-            "busbw": _fmt(a.comm.get("busbw_gbps"), " GB/s", ".2f"),
+            "busbw": _fmt(head.get("busbw_gbps"), " GB/s", ".2f"),
             "stragglers": str(n_strag),
         }
         focus = first if count else 0
@@ -433,13 +433,6 @@ def _heat_tables(st: pd.DataFrame) -> dict[str, pd.DataFrame]:
             z, index=pd.Index(ranks, name="rank"), columns=pd.Index(steps, name="step")
         )
     return out
-
-
-def _headline(per_step: pd.DataFrame) -> dict[str, float]:
-    """Run-level numbers of the header: medians over the analyzed steps of the analyzer's
-    per-step table (:func:`hvtrace.analysis.step_summary`), which has no run-level row."""
-    cols = ["step_ms", "comm_compute_ratio", "overlap"]
-    return {c: float(per_step[c].median()) for c in cols if c in per_step and len(per_step)}
 
 
 def _fmt(x: Any, unit: str = "", spec: str = ".1f") -> str:

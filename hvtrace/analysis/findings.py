@@ -636,9 +636,10 @@ def _comm_bound(a: Analysis) -> list[Finding]:
         return []
     exp_share = float(p["exposed_share"].median())
     exp_ms = float(p["exposed_ms"].median())
-    step_ms = float(p["step_ms"].median())
-    ratio = float(p["comm_compute_ratio"].median())
-    ov = float(p["overlap"].median())
+    run = a.run_row
+    step_ms = float("nan") if run["step_ms"] is None else run["step_ms"]
+    ratio = float("nan") if run["comm_compute_ratio"] is None else run["comm_compute_ratio"]
+    ov = float("nan") if run["overlap"] is None else run["overlap"]
     env = a.horovod_env
     msg = (
         f"communication-bound: in {share:.0%} of steps the last rank to be ready still waits "

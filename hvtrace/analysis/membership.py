@@ -245,8 +245,6 @@ def _who(m: dict[str, Any]) -> str:
 
 def epoch_summary(a: Analysis) -> dict[str, Any]:
     """What an epoch's own analysis says, in brief (JSON-ready)."""
-    ps = a.per_step
-    pr = a.per_rank
     stragglers = []
     for _, v in a.stragglers.iterrows():
         stragglers.append(
@@ -259,9 +257,9 @@ def epoch_summary(a: Analysis) -> dict[str, Any]:
             }
         )
     return {
-        "steps_analyzed": len(ps),
-        "step_ms": _f(ps["step_ms"].median()) if len(ps) else None,
-        "comm_compute_ratio": _f(pr["comm_compute_ratio"].median()) if len(pr) else None,
+        "steps_analyzed": len(a.run_steps),
+        "step_ms": _f(a.run_row["step_ms"]),
+        "comm_compute_ratio": _f(a.run_row["comm_compute_ratio"]),
         "comm_ms": _f(a.comm.get("comm_ms")),
         "stragglers": stragglers,
     }

@@ -50,6 +50,11 @@ class RankState:
     last_step: int
 
 
+#: The run-level figures (:attr:`Analysis.run_row`): medians over the analyzed steps of these
+#: columns of ``per_step``.
+RUN_FIGURES = ("step_ms", "comm_compute_ratio", "overlap", "exposed_ms", "exposed_share")
+
+
 @dataclass
 class Analysis:
     """Everything :func:`hvtrace.analysis.analyze` computes. DataFrames are documented where
@@ -166,6 +171,30 @@ class Analysis:
         if len(names) and names.astype(str).str.startswith(LIGHTNING_PREFIX).any():
             return ""
         return None
+
+    @property
+    def run_steps(self) -> pd.DataFrame:
+        """The rows of ``per_step`` the run-level figures are medians of: the steps after the
+        warm-up (all of them when the run has no other)."""
+        ps = self.per_step
+        after = ps[ps["step"] >= self.skip_steps] if len(ps) else ps
+        return after if len(after) else ps
+
+    @property
+    def run_row(self) -> dict[str, float | None]:
+        """The run-level figures, defined once: the report, the findings, the dashboard's header
+        and the elastic epoch table read them here. Each of :data:`RUN_FIGURES` is the median
+        over :attr:`run_steps` of that per-step column (None without a value);
+        ``busbw_gbps`` is the run's bus bandwidth (``comm``)."""
+        p = self.run_steps
+        out: dict[str, float | None] = {}
+        for c in RUN_FIGURES:
+            col = p[c] if c in p.columns else pd.Series(dtype=float)
+            col = col.astype("float64")
+            out[c] = float(col.median()) if col.notna().any() else None
+        bus = self.comm.get("busbw_gbps") if isinstance(self.comm, dict) else None
+        out["busbw_gbps"] = float(bus) if bus is not None and bus == bus else None
+        return out
 
     @property
     def analyzed(self) -> pd.DataFrame:

@@ -600,7 +600,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     """Return the JSON summary of an analysis (plain Python types; NaN becomes None).
 
     Keys: ``run_id``, ``run_dir``, ``size``, ``ranks``, ``hosts``, ``steps`` (first, last,
-    count, skip_steps, selected), ``per_rank`` (medians and p95 in ms, ratios, ``user_ms`` per
+    count, skip_steps, selected), ``run`` (the run-level figures:
+    :attr:`hvtrace.analysis.Analysis.run_row`), ``per_rank`` (medians and p95 in ms, ratios, ``user_ms`` per
     user span), ``stragglers`` (rank, host, late_ms, last_share, phase, phase_excess_ms,
     reason, and why: cause (work, contention, blocked or "" when not measured), work_ms,
     contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
@@ -645,6 +646,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
                 "warmup_included": bool(count and first < a.skip_steps),
                 "selected": rng.to_list() if rng is not None else None,
             },
+            "run": dict(a.run_row),
             "read": dict(a.read),
             "engine": dict(a.engine),
         }
