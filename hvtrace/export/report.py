@@ -602,8 +602,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     Keys: ``run_id``, ``run_dir``, ``size``, ``ranks``, ``hosts``, ``steps`` (first, last,
     count, skip_steps, selected), ``run`` (the run-level figures:
     :attr:`hvtrace.analysis.Analysis.run_row`), ``per_rank`` (medians and p95 in ms, ratios,
-    ``user_ms`` per user span), ``stragglers`` (rank, host, late_ms, last_share, phase, phase_excess_ms,
-    reason, and why: cause (work, contention, blocked or "" when not measured), work_ms,
+    ``user_ms`` per user span), ``stragglers`` (rank, host, late_ms, last_share, phase,
+    phase_excess_ms, reason, and why: cause (work, contention, blocked or "" when not measured), work_ms,
     contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
     phase_lost_ms_per_step), ``slow_hosts`` (with the same costs), ``verdicts`` (every rank's
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
