@@ -599,23 +599,23 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     """Return the JSON summary of an analysis (plain Python types; NaN becomes None).
 
-    Keys: ``run_id``, ``run_dir``, ``size``, ``ranks``, ``hosts``, ``steps`` (first, last,
-    count, skip_steps, selected), ``run`` (the run-level figures:
+    Keys: ``run_id``, ``run_dir``, ``size``, ``ranks``, ``hosts``, ``steps`` (first, last, count,
+    skip_steps, selected), ``run`` (the run-level figures:
     :attr:`hvtrace.analysis.Analysis.run_row`), ``per_rank`` (medians and p95 in ms, ratios,
     ``user_ms`` per user span), ``stragglers`` (rank, host, late_ms, last_share, phase,
-    phase_excess_ms, reason, and why: cause (work, contention, blocked or "" when not measured), work_ms,
-    contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
+    phase_excess_ms, reason, and why: cause (work, contention, blocked or "" when not measured),
+    work_ms, contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
     phase_lost_ms_per_step), ``slow_hosts`` (with the same costs), ``verdicts`` (every rank's
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
-    lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks
-    that did not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
+    lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks that did
+    not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
     ``consistency`` (what was compared across ranks: parameter checks, steps and tensors,
     learning-rate steps and groups, values that must agree; and the divergences, first step first:
-    :func:`hvtrace.analysis.consistency.check`),
-    ``communication`` (per-step aggregates and the caveat), ``tensors``, ``per_step``,
-    ``clock`` (summary; per rank uncertainty_ns, offset_ns, method, drift_ppm and
-    drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``, ``framework`` (the
-    header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning, else empty).
+    :func:`hvtrace.analysis.consistency.check`), ``communication`` (per-step aggregates and the
+    caveat), ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns,
+    method, drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
+    ``framework`` (the header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning,
+    else empty).
     """
     from hvtrace import __version__
 
