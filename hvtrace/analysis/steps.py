@@ -21,10 +21,10 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.overlap import intersection_merged, merge_intervals
-from hvtrace.format.schema import FLAG_OWN, KIND_CODE, KINDS, STEP_PHASE_KINDS
+from hvtrace.format.schema import FLAG_OWN, KIND_CODE, KINDS, PHASE_KINDS, STEP_PHASE_KINDS
 
-#: The phases of a step, in time order. They do not overlap each other.
-PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
+#: The phases of a step, in time order (:data:`hvtrace.format.schema.PHASE_KINDS`).
+PHASES: Final[tuple[str, ...]] = PHASE_KINDS
 #: Phases (and the whole step) whose CPU time and run-queue wait the recorder measures: the step
 #: table has ``X_cpu_ns`` and ``X_runq_ns`` for each that has measurements (see :func:`step_rows`).
 CAUSE_PHASES: Final[tuple[str, ...]] = (
@@ -33,7 +33,7 @@ CAUSE_PHASES: Final[tuple[str, ...]] = (
 )
 #: Phases counted net of the time blocked in collectives outside the optimizer issued in them
 #: (``wait`` is communication already).
-NET_PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "update")
+NET_PHASES: Final[tuple[str, ...]] = tuple(p for p in PHASES if p != "wait")
 #: User spans whose name starts with this are hvtrace's own (the clock collective), not user work.
 INTERNAL_PREFIX: Final = "hvtrace."
 #: Duration columns of :func:`step_table`, in report order (all in ns).

@@ -56,7 +56,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from hvtrace.analysis.steps import analyzed_steps
+from hvtrace.analysis.steps import NET_PHASES, analyzed_steps
 
 #: The smallest margin on host-timed (CPU) runs: about one scheduler time slice on a busy host.
 #: On a 2-core host running 2 ranks, Horovod's coordinator thread alone makes rank 0 ~1-2 ms
@@ -67,7 +67,7 @@ CPU_NOISE_FLOOR_NS: Final = 2_000_000
 CAUSES: Final[tuple[str, ...]] = ("work", "contention", "blocked")
 
 #: Built-in phases a straggler can be slow in (rank-local work; wait is a consequence, not work).
-WORK_PHASES: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "update", "other")
+WORK_PHASES: Final[tuple[str, ...]] = (*NET_PHASES, "other")
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hvtrace.analysis.steps import analyzed_steps
+from hvtrace.analysis.steps import NET_PHASES, analyzed_steps
 
 #: Phases whose duration the what-if can set to the other ranks' median (``update`` is the
 #: previous step's, which precedes this step's work).
-PHASES = ("input", "forward", "backward", "compute", "update", "user", "other")
+PHASES = (*NET_PHASES, "user", "other")
 
 
 @dataclass

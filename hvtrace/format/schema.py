@@ -59,17 +59,12 @@ KINDS: Final[tuple[str, ...]] = (
     "collective",
 )
 KIND_CODE: Final[dict[str, int]] = {k: i for i, k in enumerate(KINDS)}
+#: The phases of a step, in time order: the one list every part of hvtrace derives its own from.
+#: They do not overlap each other (``compute`` stands for forward and backward without a model).
+PHASE_KINDS: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute", "wait", "update")
 #: The spans of a step the recorder reads the training thread's counters over: the whole step,
 #: then its phases in time order (``cpu_ns`` / ``runq_ns``; the analysis's cause phases).
-STEP_PHASE_KINDS: Final[tuple[str, ...]] = (
-    "step",
-    "input",
-    "forward",
-    "backward",
-    "compute",
-    "wait",
-    "update",
-)
+STEP_PHASE_KINDS: Final[tuple[str, ...]] = ("step", *PHASE_KINDS)
 
 #: Flag bits of the ``flags`` column.
 FLAG_CUDA: Final = 1  # times come from CUDA events (device time), not the host clock
