@@ -1,19 +1,22 @@
 """Live straggler detection: the job names its straggler while it runs.
 
 A window is ``HVTRACE_LIVE_EVERY`` steps (:func:`hvtrace.settings.live_every`, default 100), or
-``HVTRACE_LIVE_S`` seconds (:func:`hvtrace.settings.live_window_s`, default 5) where that is
-more steps (at most :data:`MAX_WINDOW_STEPS`): judging a window costs rank 0 about 30 ms of CPU
-however many steps it has, a tenth of a CPU at windows of 100 steps of 3 ms. The windows'
-length is agreed on at the same step on every rank (:meth:`LiveMonitor._agree_length`: rank 0's
-mean step, broadcast), so that every rank's window is the same steps. Each rank reduces its
-window to a small matrix, one row per step (the phases' durations, the training thread's CPU
-time and run-queue wait in them, and its arrival on rank 0's clock), a few steps at a time as
-they come (about :data:`CHUNK_S`), on a background thread ("hvtrace-live"), never the training
-thread; the ranks exchange their matrices with one Horovod allgather issued from that thread
-(the training loop never waits on it). Rank 0 then runs the offline analysis's own straggler
-decision on that window, from a thread of its own ("hvtrace-judge", so that the live thread goes
-on reducing while it waits; a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the
-newest) in a child process
+``HVTRACE_LIVE_S`` seconds (:func:`hvtrace.settings.live_window_s`, default 5) where that is more
+steps (at most :data:`MAX_WINDOW_STEPS`): judging a window costs rank 0 about 30 ms of CPU however
+many steps it has, a tenth of a CPU at windows of 100 steps of 3 ms. The windows' length is agreed
+on at the same step on every rank (:meth:`LiveMonitor._agree_length`: rank 0's mean step,
+broadcast), so that every rank's window is the same steps. Each rank reduces its window to a small
+matrix, one row per step (the phases' durations, the training thread's CPU time and run-queue wait
+in them, and its arrival on rank 0's clock), a few steps at a time as they come (about
+:data:`CHUNK_S`), on a background thread ("hvtrace-live"), never the training thread; the ranks
+exchange their matrices with one asynchronous Horovod allgather per window, issued by the training
+thread at the end of the next window (:meth:`LiveMonitor._gather`: at the same step on every rank,
+as every collective hvtrace issues: Horovod names a collective issued without a name after a count
+of the process's collectives, so one issued from another thread would give the user's unnamed
+collectives different names on different ranks) and waited for on the live thread (the training loop
+never waits on it). Rank 0 then runs the offline analysis's own straggler decision on that window,
+from a thread of its own ("hvtrace-judge", so that the live thread goes on reducing while it waits;
+a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the newest) in a child process
 (:mod:`hvtrace.analysis.live`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
@@ -206,29 +209,30 @@ JUDGE_LAUNCH: Final = (
 #: Rank 0: gathered windows that may wait for the judge thread; a newer one pushes the oldest out.
 JUDGE_BACKLOG: Final = 4
 
-#: What the live thread's queue gives when nothing new is there (a window is waiting).
+#: What the live thread's queue gives when nothing new came within its wait (a gathered window
+#: is not done yet: it looks again).
 _NOTHING_NEW: Final = object()
 
-#: The live thread's waits for its allgather: sleeps between looks, from the first to the last.
+#: The live thread's looks at a gathered window that is not done yet: the first wait, then
+#: doubling to the last (a window's verdict is not needed sooner).
 WAIT_FIRST_S: Final = 0.0005
 WAIT_MAX_S: Final = 0.01
 
+#: How long the training thread waits, at a window's end, for the live thread to have reduced the
+#: window before it (normally done a whole window earlier); past it, the rank's rows are sent
+#: empty (NaN) for that window, which names nobody.
+GATHER_WAIT_S: Final = 0.2
 
-def wait_done(poll: Callable[[Any], bool], handle: Any) -> int:
-    """Sleep until ``poll(handle)`` says the collective is done; return the looks taken.
 
-    Horovod's ``synchronize`` waits by spinning: it drops the GIL, yields and takes the GIL back,
-    over and over, until the handle is done. On the live thread that wait lasts until the
-    slowest rank hands its window over (up to a step), spending a CPU and pulling the GIL away
-    from the training thread every switch interval. Sleeping between looks (0.5 ms, doubling
-    to 10 ms: a window's verdict is not needed sooner) costs neither; ``synchronize`` then
-    returns at once."""
-    delay, looks = WAIT_FIRST_S, 1
-    while not poll(handle):
-        time.sleep(delay)
-        delay = min(2 * delay, WAIT_MAX_S)
-        looks += 1
-    return looks
+def _release(mpi_ops: Any, handle: Any) -> bool:
+    """Release a gathered window nobody takes, if Horovod is done with it; whether it was."""
+    try:
+        if not mpi_ops.poll(handle):
+            return False
+        mpi_ops.synchronize(handle)
+    except Exception:  # noqa: BLE001 - Horovod shut down: nothing left to release
+        pass
+    return True
 
 
 class LiveMonitor:
@@ -262,7 +266,13 @@ class LiveMonitor:
         self.window: list[list] = []  # entries of the steps not yet handed over
         self.in_window = 0  # steps of the current window so far
         self.windows_sent = 0
+        self.prev_steps = 0  # steps of the window before the current one
         self.length = self.every  # steps of the current window (the same on every rank)
+        #: The live thread's reduced windows, by number, until the training thread gathers them.
+        self._matrices: dict[int, np.ndarray] = {}
+        self._cond = threading.Condition()
+        #: Gathered windows of a rank whose live thread stopped: released when done.
+        self._orphans: list[Any] = []
         self.chunk_steps = CHUNK_STEPS  # steps handed over at a time
         self.window_start_ns = time.monotonic_ns()
         self.init_verdicts()
@@ -296,9 +306,10 @@ class LiveMonitor:
 
     def on_step(self, rows: list) -> None:
         """Hot path: keep a reference to the step's entries; hand them over every
-        ``chunk_steps`` steps and at the window's end, then the window (and, some windows,
-        agree on the next windows' length: :meth:`_agree_length`). Nothing once the live
-        thread has stopped (closed, or failed): nothing piles up in its queue."""
+        ``chunk_steps`` steps and at the window's end, then the window; at a window's end also
+        gather the window before it (:meth:`_gather`) and, some windows, agree on the next
+        windows' length (:meth:`_agree_length`). Nothing is handed over once the live thread
+        has stopped (closed, or failed): nothing piles up in its queue."""
         if self._closed:
             return
         self.in_window += 1
@@ -312,11 +323,14 @@ class LiveMonitor:
             if full:
                 self._q.put(self.windows_sent)
         if full:
-            # the windows are counted, and their length agreed, on every rank until it closes,
-            # even where live detection failed: the agreement is a collective on the training
+            # the windows are counted, gathered and their length agreed on every rank until it
+            # closes, even where live detection failed: those are collectives on the training
             # thread, which the other ranks would wait in for ever
             self.windows_sent += 1
             n = self.windows_sent
+            if n >= 2:
+                self._gather(n - 2)  # the window before this one: reduced by now
+            self.prev_steps = self.in_window
             if self.window_s > 0 and (n & (n - 1) == 0 or n % AGREE_EVERY_WINDOWS == 0):
                 self._agree_length()
             self.in_window = 0
@@ -350,6 +364,45 @@ class LiveMonitor:
         self.length = window_steps(step_ns, self.every, self.window_s)
         self.chunk_steps = chunk_steps(step_ns)
 
+    def _gather(self, k: int) -> None:
+        """Training thread, at the end of window ``k + 1``: start window ``k``'s exchange, every
+        rank's rows gathered on every rank (an asynchronous allgather; the live thread waits for
+        it and rank 0 judges). Issued here, at the same step on every rank, never from the live
+        thread: Horovod names a collective issued without a name after a count of this
+        process's collectives, so one issued from another thread, at a moment that differs by
+        rank, would give the user's unnamed collectives different names on different ranks (a
+        hang, or Horovod reducing tensors of different shapes under one name). The window's
+        rows come from the live thread, which reduced them a window ago; a rank whose live
+        thread has not (or has stopped) sends NaN rows, which name nobody. A failure stops live
+        detection on this rank (Horovod shut down: it fails on every rank)."""
+        import torch
+        from horovod.torch import mpi_ops  # Horovod's own names: not recorded as the user's
+
+        matrix = None
+        if not self._stopped:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: k in self._matrices or self._stopped, timeout=GATHER_WAIT_S
+                )
+                matrix = self._matrices.pop(k, None)
+                for old in [j for j in self._matrices if j < k]:
+                    del self._matrices[old]
+        if matrix is None:
+            matrix = np.full((self.prev_steps, N_COLS), np.nan)
+        try:
+            handle = mpi_ops.allgather_async(
+                torch.from_numpy(matrix), name=f"hvtrace.live.{self.index}.{k}"
+            )
+            if self._stopped:  # nobody waits for it: released here once done
+                with self._cond:
+                    self._orphans = [h for h in self._orphans if not _release(mpi_ops, h)]
+                    self._orphans.append(handle)
+            else:
+                self._q.put((k, handle))
+        except Exception as exc:  # noqa: BLE001 - never into training
+            log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+            self.close()
+
     def close(self) -> None:
         """Stop: the live thread starts no exchange after this and ends (an exchange already in
         progress completes on every rank, which all hand over the same windows), and
@@ -361,26 +414,26 @@ class LiveMonitor:
 
     # -- the live thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        """Reduce every chunk as soon as it is handed over; exchange the reduced windows, in
-        order, only while nothing new waits in the queue.
+        """Reduce every chunk as soon as it is handed over, keep each window's matrix for the
+        training thread to gather (:meth:`_gather`), and take each gathered window when Horovod
+        has it, in order (rank 0 hands it to the judge). This thread issues no collective.
 
-        An exchange waits for the slowest rank's window and, on rank 0, for the judge (a child
-        process, which on a busy CPU can take longer than a window); the chunks handed over
-        meanwhile hold the steps' entries (about 70 kB a step on a model of 152 tensors). So
-        they are reduced first, and only their matrix rows (184 bytes a step) wait for
-        the exchange: a rank pinned to one CPU with a 152-tensor model had 150 chunks queued
-        (+85 MB) after 4000 steps when each window waited for its exchange in turn."""
+        A gathered window is done when the slowest rank has gathered it (up to a step later);
+        it is looked at between chunks, without blocking (``poll``, sleeping 0.5 ms doubling to
+        10 ms while nothing comes): Horovod's ``synchronize`` waits by spinning, which would
+        spend a CPU and pull the GIL away from the training thread."""
+        from horovod.torch import mpi_ops
+
         reduced: list[np.ndarray] = []  # the current window's rows so far
-        ready: deque[tuple[int, np.ndarray]] = deque()  # windows reduced, not yet exchanged
+        pending: deque[tuple[int, Any]] = deque()  # windows gathered, not yet done
+        delay = WAIT_FIRST_S
         while True:
-            if ready:
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    item = _NOTHING_NEW
-            else:
-                item = self._q.get()
-            if self._stopped:  # closed (or failed): no exchange after a reset either
+            try:
+                item = self._q.get(timeout=delay) if pending else self._q.get()
+            except queue.Empty:
+                item = _NOTHING_NEW
+            if self._stopped:  # closed (or failed): what was gathered is released, unjudged
+                self._release_all(mpi_ops, pending)
                 self._stop_judge()
                 return
             try:
@@ -388,19 +441,36 @@ class LiveMonitor:
                     reduced.append(step_matrix(item, self.offset_ns))
                 elif type(item) is int:  # the window's end: its number
                     matrix = np.concatenate(reduced) if reduced else np.empty((0, N_COLS))
-                    ready.append((item, matrix))
                     reduced = []
-                else:  # nothing new: the oldest window's exchange; the end (None): every one
-                    for _ in range(len(ready) if item is None else 1):
-                        self._exchange(*ready.popleft())
-                    if item is None:
-                        self._stop_judge()
-                        return
+                    with self._cond:
+                        self._matrices[item] = matrix
+                        self._cond.notify_all()
+                elif type(item) is tuple:  # a window the training thread gathered
+                    pending.append(item)
+                delay = WAIT_FIRST_S if item is not _NOTHING_NEW else min(2 * delay, WAIT_MAX_S)
+                while pending and mpi_ops.poll(pending[0][1]):
+                    _k, handle = pending.popleft()
+                    self._gathered(mpi_ops, mpi_ops.synchronize(handle).numpy())
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
                 self._stopped = True  # on_step hands nothing more over
+                with self._cond:
+                    self._cond.notify_all()
+                self._release_all(mpi_ops, pending)
                 self._stop_judge()
                 return
+
+    def _release_all(self, mpi_ops: Any, pending: deque[tuple[int, Any]]) -> None:
+        """Hand the windows gathered but not taken to the training thread to release (they
+        complete on every rank: every rank gathered them)."""
+        with self._cond:
+            self._orphans.extend(h for _, h in pending)
+        pending.clear()
+
+    def _gathered(self, mpi_ops: Any, gathered: np.ndarray) -> None:
+        """A window's rows of every rank, gathered: rank 0 judges them."""
+        if mpi_ops.rank() == 0:
+            self._hand_to_judge(gathered, mpi_ops.size())
 
     def _stop_judge(self) -> None:
         """End the judge thread after the windows handed to it (it then closes the judge
@@ -419,20 +489,6 @@ class LiveMonitor:
                 p.wait(timeout=5)
             except Exception:  # noqa: BLE001
                 p.kill()
-
-    def _exchange(self, k: int, matrix: np.ndarray) -> None:
-        """Window ``k``'s exchange: every rank's ``matrix`` (:func:`step_matrix`'s rows of its
-        steps) gathered on every rank; rank 0 judges."""
-        import torch
-        from horovod.torch import mpi_ops  # Horovod's own names: not recorded as the user's
-
-        mine = torch.from_numpy(matrix)
-        handle = mpi_ops.allgather_async(mine, name=f"hvtrace.live.{self.index}.{k}")
-        wait_done(mpi_ops.poll, handle)
-        gathered = mpi_ops.synchronize(handle).numpy()
-        if mpi_ops.rank() != 0:
-            return
-        self._hand_to_judge(gathered, mpi_ops.size())
 
     def _hand_to_judge(self, gathered: np.ndarray, size: int) -> None:
         """Rank 0: hand the gathered window to the judge thread ("hvtrace-judge", started with

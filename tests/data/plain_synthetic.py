@@ -4,6 +4,9 @@
 rounds), small enough for a CPU. Tests trace it by environment alone (``$HVTRACE_DIR``).
 
 ``--slow-rank R --slow-ms MS`` makes rank R sleep MS in its forward each step (a known straggler).
+``--metric`` averages the loss across ranks every step with an unnamed ``hvd.allreduce``, as
+metric code often does: Horovod names it after a per-process count of its operations, so a job
+stays correct only while every rank issues the same operations in the same order.
 """
 
 import argparse
@@ -23,6 +26,7 @@ parser.add_argument("--num-iters", type=int, default=4)
 parser.add_argument("--fp16-allreduce", action="store_true")
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--slow-ms", type=float, default=0.0)
+parser.add_argument("--metric", action="store_true")
 args = parser.parse_args()
 
 hvd.init()
@@ -59,11 +63,16 @@ target = torch.randint(0, 10, (args.batch_size,))
 loss_fn = nn.CrossEntropyLoss()  # a module without parameters, called after the model
 
 
+metrics: list[float] = []
+
+
 def benchmark_step() -> None:
     optimizer.zero_grad()
     loss = loss_fn(model(data), target)
     loss.backward()
     optimizer.step()
+    if args.metric:
+        metrics.append(float(hvd.allreduce(loss.detach())))  # unnamed, as metric code often is
 
 
 timeit.timeit(benchmark_step, number=args.num_warmup_batches)
@@ -71,3 +80,7 @@ for i in range(args.num_iters):
     t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
     if hvd.rank() == 0:
         print(f"Iter #{i}: {args.batch_size * args.num_batches_per_iter / t:.1f} img/sec")
+if args.metric:
+    # every rank averaged the same values: the same sum on every rank, to the last bit
+    total = hvd.allgather(torch.tensor([sum(metrics)], dtype=torch.float64), name="metric.check")
+    print(f"rank {hvd.rank()}: metrics {len(metrics)} agree {bool((total == total[0]).all())}")

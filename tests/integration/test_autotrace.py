@@ -135,7 +135,9 @@ class Job:
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Job:
     """``hvtrace run --horovod-timeline -- horovodrun -np 2 ... plain_synthetic.py``, rank 1
-    sleeping 40 ms in its forward (about twice its step's work on this machine)."""
+    sleeping 40 ms in its forward (about twice its step's work on this machine), the loss
+    averaged every step with an unnamed ``hvd.allreduce`` (``--metric``) and live windows of 5
+    steps: every window's exchange meets those unnamed collectives."""
     hr = horovodrun_path()
     if hr is None:
         pytest.skip("horovodrun is not installed")
@@ -143,9 +145,10 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Job:
     trace = base / "trace"
     script = [sys.executable, str(DATA / "plain_synthetic.py"), "--num-iters", "6"]
     launcher = [str(hr), "-np", "2", "-H", "localhost:2", "--gloo", *script]
-    launcher += ["--slow-rank", "1", "--slow-ms", "40"]
+    launcher += ["--slow-rank", "1", "--slow-ms", "40", "--metric"]
     hv_run = [sys.executable, "-m", "hvtrace.cli", "run", "--dir", str(trace)]
-    proc = run_job([*hv_run, "--horovod-timeline", "--", *launcher], {}, base, 300, True, "run")
+    live = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
+    proc = run_job([*hv_run, "--horovod-timeline", "--", *launcher], live, base, 300, True, "run")
     return Job(proc, trace)
 
 
@@ -154,6 +157,17 @@ def test_hvtrace_run_says_where_the_run_is(synthetic: Job) -> None:
     assert f"tracing into {synthetic.trace_dir}" in err, describe(synthetic.proc)
     assert f"hvtrace analyze {synthetic.trace_dir}" in err, describe(synthetic.proc)
     assert "Iter #5" in synthetic.proc.stdout, describe(synthetic.proc)
+
+
+def test_unnamed_collectives_stay_paired_under_live_detection(synthetic: Job) -> None:
+    """Horovod names an unnamed collective after a count of the process's collectives; live
+    detection's exchanges are issued at the same step on every rank, so the job's unnamed
+    allreduces pair as without hvtrace (issued from a background thread, they hung such jobs or
+    crashed them), and every window is judged: the slowed rank is logged live."""
+    out = synthetic.proc.stdout
+    assert "rank 0: metrics 32 agree True" in out, describe(synthetic.proc)
+    assert "rank 1: metrics 32 agree True" in out, describe(synthetic.proc)
+    assert "rank 1 (host" in synthetic.proc.stderr and "forward" in synthetic.proc.stderr
 
 
 def test_an_unmodified_script_is_traced_with_its_model_found(synthetic: Job) -> None:

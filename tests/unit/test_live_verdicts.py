@@ -56,41 +56,76 @@ def test_a_window_is_reduced_to_one_row_per_step() -> None:
 
 
 def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
-    """A LiveMonitor without its thread or judge: the test drains its queue and runs ``_run``."""
+    """A LiveMonitor without its thread or judge: the test drains its queue or runs ``_run``."""
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.window, mon.in_window, mon.windows_sent, mon.every = [], 0, 0, every
     mon.length, mon.chunk_steps, mon.window_s, mon.window_start_ns = every, live.CHUNK_STEPS, 0, 0
     mon.offset_ns, mon._stopped, mon._closed, mon.index = offset_ns, False, False, 0
+    mon.prev_steps, mon._matrices, mon._orphans = 0, {}, []
+    mon._cond = live.threading.Condition()
     mon._q = live.queue.SimpleQueue()
     monkeypatch.setattr(mon, "_stop_judge", lambda: None)
     return mon
 
 
-def test_a_window_is_handed_over_ten_steps_at_a_time_and_exchanged_whole(monkeypatch) -> None:
-    """The training thread holds at most CHUNK_STEPS steps' entries; the live thread reduces
-    each chunk at once and exchanges, per window, the same matrix as the whole window's."""
+class FakeHorovod:
+    """horovod.torch.mpi_ops as the live monitor uses it, one rank (not the judge): records
+    which thread issued each collective; a gathered window is done ``polls`` looks later."""
+
+    def __init__(self, monkeypatch, polls: int = 0) -> None:
+        mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
+        import torch
+
+        self.issued: list[tuple[str, str, str]] = []  # (thread, op, name)
+        self.gathered: dict[str, np.ndarray] = {}
+        self.polls, self.looks = polls, 0
+        for op in ("allgather_async", "allreduce_async", "broadcast_async", "allreduce"):
+            monkeypatch.setattr(mpi_ops, op, self._issue(op))
+        monkeypatch.setattr(mpi_ops, "poll", self.poll)
+        monkeypatch.setattr(mpi_ops, "synchronize", lambda h: torch.from_numpy(self.gathered[h]))
+        monkeypatch.setattr(mpi_ops, "rank", lambda: 1)
+        monkeypatch.setattr(mpi_ops, "size", lambda: 1)
+
+    def _issue(self, op: str):
+        def issue(tensor, *args, name=None, **kwargs):
+            self.issued.append((live.threading.current_thread().name, op, name))
+            self.gathered[name] = tensor.numpy().copy()
+            return name
+
+        return issue
+
+    def poll(self, handle) -> bool:
+        self.looks += 1
+        return self.looks > self.polls
+
+
+def test_windows_are_gathered_by_the_training_thread_in_order_and_whole(monkeypatch) -> None:
+    """Horovod names a collective issued without a name after a count of the process's
+    collectives: one issued from the live thread, at a moment that differs by rank, gave a
+    user's unnamed allreduce different names on different ranks (a job hung, or segfaulted
+    when two ranks' tensors of different shapes met under one name). So each window is
+    gathered by the training thread at the end of the next window, at the same step on every
+    rank, with the rows the live thread reduced from its chunks (at most CHUNK_STEPS steps'
+    entries held by the training thread); the live thread issues no collective."""
+    hvd = FakeHorovod(monkeypatch)
     every = 25  # not a multiple of the chunk: the window's last chunk is shorter
     mon = _monitor(monkeypatch, every, 3 * MS)
-    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 7) for s in range(2 * every + 4)]
+    thread = live.threading.Thread(target=mon._run, name="hvtrace-live")
+    thread.start()
+    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 7) for s in range(4 * every + 4)]
     held = []
     for rows in steps:
         mon.on_step(rows)
         held.append(len(mon.window))
-    assert max(held) < live.CHUNK_STEPS and mon.windows_sent == 2
-    queued = []
-    while not mon._q.empty():
-        queued.append(mon._q.get())
-    sizes = [len(x) if type(x) is list else f"window {x}" for x in queued]
-    assert sizes == [10, 10, 5, "window 0", 10, 10, 5, "window 1"]
-    exchanged = []
-    monkeypatch.setattr(mon, "_exchange", lambda k, m: exchanged.append((k, m)))
-    for x in [*queued, steps[-4:], None]:  # (the 4 steps of an unfinished window: not exchanged)
-        mon._q.put(x)
-    mon._run()
-    assert [k for k, _ in exchanged] == [0, 1]
-    for k, m in exchanged:
+    mon.close()
+    thread.join(10)
+    assert max(held) < live.CHUNK_STEPS and mon.windows_sent == 4
+    assert hvd.issued == [
+        ("MainThread", "allgather_async", f"hvtrace.live.0.{k}") for k in (0, 1, 2)
+    ]
+    for k in (0, 1, 2):  # (window 3 ends last: gathered at the end of window 4, which never ends)
         whole = live.step_matrix(steps[k * every : (k + 1) * every], 3 * MS)
-        np.testing.assert_array_equal(m, whole)
+        np.testing.assert_array_equal(hvd.gathered[f"hvtrace.live.0.{k}"], whole)
 
 
 def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatch) -> None:
@@ -98,6 +133,7 @@ def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatc
     every rank lengthens its windows to the steps that fill ``window_s`` at that step (the same
     count on every rank, whatever its own clock says), handing steps over about CHUNK_S at a
     time. Judging a window costs rank 0 a fixed ~30 ms of CPU: fewer windows, less cost."""
+    hvd = FakeHorovod(monkeypatch)
     mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
     import torch
 
@@ -125,11 +161,14 @@ def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatc
         if type(x) is int:
             windows.append(steps)
             steps = 0
-        else:
+        elif type(x) is list:
             steps += len(x)
             assert len(x) <= max(live.CHUNK_STEPS, 17)
     assert windows == [every, long, long]  # the first at HVTRACE_LIVE_EVERY, then 1 s of steps
     assert names == ["hvtrace.live.0.len.1", "hvtrace.live.0.len.2"]  # after windows 1, 2 (4...)
+    # windows 0 and 1 gathered at the ends of windows 1 and 2 (no live thread here: NaN rows)
+    assert [n for _, _, n in hvd.issued] == ["hvtrace.live.0.0", "hvtrace.live.0.1"]
+    assert [len(hvd.gathered[f"hvtrace.live.0.{k}"]) for k in (0, 1)] == [every, long]
     assert max(len(x) for x in queued if type(x) is list) == 17  # ~50 ms a hand-over
 
 
@@ -162,6 +201,7 @@ def test_a_rank_whose_live_detection_failed_still_agrees_with_the_others(monkeyp
         return torch.tensor([50e6], dtype=torch.float64)
 
     monkeypatch.setattr(mpi_ops, "broadcast", broadcast)
+    hvd = FakeHorovod(monkeypatch)
     mon = _monitor(monkeypatch, 10, 0)
     mon.window_s = 1.0
     mon._stopped = True  # the live thread failed
@@ -169,6 +209,11 @@ def test_a_rank_whose_live_detection_failed_still_agrees_with_the_others(monkeyp
         mon.on_step(_step_rows(s, 10_000 * MS + s * 50 * MS, 1.0))
     assert mon._q.empty() and mon.window == []  # nothing handed over
     assert mon.windows_sent == 2 and names == ["hvtrace.live.0.len.1", "hvtrace.live.0.len.2"]
+    # and in every gather, with NaN rows (which name nobody), released once done
+    assert [n for _, _, n in hvd.issued] == ["hvtrace.live.0.0"]
+    gathered = hvd.gathered["hvtrace.live.0.0"]
+    assert gathered.shape == (10, live.N_COLS) and np.isnan(gathered).all()
+    assert mon._orphans == ["hvtrace.live.0.0"]
     mon._closed = True
     for s in range(40):
         mon.on_step(_step_rows(s, 10_000 * MS + s * 50 * MS, 1.0))
@@ -189,20 +234,24 @@ def test_window_lengths_are_bounded() -> None:
 def test_a_live_thread_that_failed_is_handed_nothing_more(monkeypatch) -> None:
     """Live detection stops on an error (training goes on); the steps after it are not queued
     for a thread that no longer takes them."""
+    hvd = FakeHorovod(monkeypatch)
     mon = _monitor(monkeypatch, 10, 0)
 
-    def broken(k, m):
-        raise RuntimeError("allgather failed")
+    def broken(window, offset_ns):
+        raise RuntimeError("cannot reduce")
 
-    monkeypatch.setattr(mon, "_exchange", broken)
+    monkeypatch.setattr(live, "step_matrix", broken)
     steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0) for s in range(10)]
     for rows in steps:
         mon.on_step(rows)
-    mon._run()  # the chunk, then the window: its exchange fails, the thread returns
-    assert mon._stopped and mon._q.empty()
+    mon._run()  # the chunk fails: the thread returns (the window's end, queued after it, stays)
+    left = mon._q.qsize()
+    assert mon._stopped and left == 1
     for rows in steps * 5:
         mon.on_step(rows)
-    assert mon._q.empty() and mon.window == []
+    assert mon._q.qsize() == left and mon.window == []
+    # the windows are still gathered (a collective the other ranks wait in), with NaN rows
+    assert len(hvd.issued) == 5 and all(np.isnan(m).all() for m in hvd.gathered.values())
 
 
 def test_the_gathered_windows_name_the_slow_rank_as_the_analysis_does() -> None:
@@ -276,72 +325,52 @@ def test_windows_where_no_rank_recorded_a_step_are_judged_without_error(monkeypa
 def test_two_monitors_in_one_process_gather_under_their_own_names(monkeypatch) -> None:
     """Two traced optimizers in one process (a GAN's): each tracer's windows go out under names
     of their own, or Horovod refuses the second while the first is in flight."""
-    mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
-    names = []
-    monkeypatch.setattr(mpi_ops, "allgather_async", lambda t, name: names.append(name) or t)
-    monkeypatch.setattr(mpi_ops, "poll", lambda h: True)
-    monkeypatch.setattr(mpi_ops, "synchronize", lambda h: h)
-    monkeypatch.setattr(mpi_ops, "rank", lambda: 1)  # not the judge
+    hvd = FakeHorovod(monkeypatch)
     for index in (0, 1):
         mon = _monitor(monkeypatch, 10, 0)
         mon.index = index
-        mon._exchange(3, _window(0.0))
-    assert names == ["hvtrace.live.0.3", "hvtrace.live.1.3"]
+        mon._matrices[3] = _window(0.0)
+        mon._gather(3)
+        assert mon._q.get() == (3, f"hvtrace.live.{index}.3")  # for the live thread to take
+    assert [n for _, _, n in hvd.issued] == ["hvtrace.live.0.3", "hvtrace.live.1.3"]
 
 
-def test_wait_done_sleeps_between_looks_doubling_to_the_cap(monkeypatch):
-    """The live thread's wait for its allgather looks, sleeps, looks again (the sleeps doubling
-    from WAIT_FIRST_S up to WAIT_MAX_S), and returns once the handle is done, never spinning."""
-    slept: list[float] = []
-    monkeypatch.setattr(live.time, "sleep", slept.append)
-    answers = iter([False] * 9 + [True])
-    looked: list[object] = []
+def test_the_live_thread_looks_at_a_gathered_window_sleeping_longer_between_looks(
+    monkeypatch,
+) -> None:
+    """A gathered window is done once the slowest rank gathered it. The live thread looks
+    (``poll``) between chunks and, while nothing comes, waits 0.5 ms doubling to 10 ms between
+    looks: never Horovod's spinning ``synchronize``, which would spend a CPU and pull the GIL
+    away from the training thread. Once done, rank 0 judges it."""
+    hvd = FakeHorovod(monkeypatch, polls=9)
+    hvd.gathered["h"] = _window(0.0)
+    mon = _monitor(monkeypatch, 10, 0)
+    waits: list[float | None] = []
 
-    def poll(handle):
-        looked.append(handle)
-        return next(answers)
+    class Queue:
+        def __init__(self) -> None:
+            self.items = [(0, "h")]
 
-    assert live.wait_done(poll, "h") == 10
-    assert looked == ["h"] * 10
-    expected, d = [], live.WAIT_FIRST_S
+        def get(self, timeout=None):
+            waits.append(timeout)
+            if self.items:
+                return self.items.pop(0)
+            if timeout is None:  # nothing pending: the end
+                mon._stopped = True
+                return None
+            raise live.queue.Empty
+
+    judged = []
+    monkeypatch.setattr(mon, "_gathered", lambda ops, g: judged.append(g))
+    mon._q = Queue()
+    mon._run()
+    expected, d = [None], live.WAIT_FIRST_S
     for _ in range(9):
         expected.append(d)
         d = min(2 * d, live.WAIT_MAX_S)
-    assert slept == pytest.approx(expected)
-    assert max(slept) == live.WAIT_MAX_S and slept[0] == live.WAIT_FIRST_S
-
-
-def test_wait_done_returns_at_once_when_done(monkeypatch):
-    slept: list[float] = []
-    monkeypatch.setattr(live.time, "sleep", slept.append)
-    assert live.wait_done(lambda h: True, 1) == 1
-    assert slept == []
-
-
-def test_chunks_are_reduced_before_any_window_waits_for_its_exchange(monkeypatch) -> None:
-    """An exchange waits for the slowest rank and rank 0's judge; whatever was handed over
-    before it starts is reduced first, so that only matrix rows wait, not the steps' entries
-    (on a busy CPU the entries of 1500 steps of a 152-tensor model piled up behind the
-    exchanges). Windows are still exchanged in order, each with its own steps."""
-    every = 20
-    mon = _monitor(monkeypatch, every, 0)
-    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 5) for s in range(3 * every)]
-    for rows in steps:
-        mon.on_step(rows)
-    exchanged, queued_at_exchange = [], []
-
-    def exchange(k, m):
-        queued_at_exchange.append(mon._q.qsize())
-        exchanged.append((k, m))
-
-    monkeypatch.setattr(mon, "_exchange", exchange)
-    mon._q.put(None)
-    mon._run()
-    # every chunk, of all three windows, was reduced before the first exchange started
-    assert queued_at_exchange == [0, 0, 0]
-    assert [k for k, _ in exchanged] == [0, 1, 2]
-    for k, m in exchanged:
-        np.testing.assert_array_equal(m, live.step_matrix(steps[k * every : (k + 1) * every], 0))
+    assert waits == pytest.approx([*expected, None])
+    assert hvd.looks == 10 and len(judged) == 1
+    np.testing.assert_array_equal(judged[0], _window(0.0))
 
 
 def test_rank_0_judges_on_a_thread_of_its_own_in_order(monkeypatch) -> None:
