@@ -144,32 +144,47 @@ def dask_client(spec: str, connect_timeout_s: float | None = None) -> Iterator[A
 
 
 def _connect(client_cls: Any, address: str, timeout_s: float) -> Any:
-    """``client_cls(address)``, or TimeoutError when no Dask scheduler has answered within
-    ``timeout_s`` (plus a second): ``Client``'s own timeout does not bound a handshake with a
-    server that accepts the connection and never answers as a scheduler (an HTTP server, such
-    as the Dask dashboard's port). The attempt runs on a daemon thread, left behind when it
-    hangs (the process exits all the same)."""
+    """``client_cls(address)`` once a Dask scheduler has answered at ``address``; TimeoutError
+    when none has within ``timeout_s`` (plus a second), OSError when something else answered.
+
+    ``Client``'s own timeout does not bound a handshake with a server that accepts the
+    connection and never answers as a scheduler (an HTTP server, such as the Dask dashboard's
+    port), and a ``Client`` left hanging holds Dask's process-wide event-loop lock, so that every
+    later cluster or client of the process would hang too (a notebook's next analysis). So the
+    address is first probed with Dask's own connection handshake, in a thread of its own with an
+    event loop of its own and a bound on it (nothing of Dask's shared state is held); only a
+    scheduler that answered gets a ``Client``."""
+    import asyncio
     import threading
+
+    from distributed.comm import connect
 
     out: dict[str, Any] = {}
 
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout_s)
+        await comm.close()
+
     def attempt() -> None:
         try:
-            out["client"] = client_cls(address, timeout=timeout_s)
+            asyncio.run(asyncio.wait_for(probe(), timeout_s))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             out["error"] = exc
 
-    t = threading.Thread(target=attempt, name="hvtrace-dask-connect", daemon=True)
+    t = threading.Thread(target=attempt, name="hvtrace-dask-probe", daemon=True)
     t.start()
     t.join(timeout_s + 1.0)
-    if t.is_alive():
+    err = out.get("error")
+    if t.is_alive() or isinstance(err, asyncio.TimeoutError | TimeoutError):
         raise TimeoutError(
             f"no Dask scheduler answered within {timeout_s:g} s (is it a scheduler's address? "
             "the dashboard's port, 8787, is not)"
         )
-    if "error" in out:
-        raise out["error"]
-    return out["client"]
+    if isinstance(err, OSError | ValueError | TypeError | ImportError):
+        raise err
+    if err is not None:
+        raise OSError(f"no Dask scheduler answered ({type(err).__name__}: {err})")
+    return client_cls(address, timeout=timeout_s)
 
 
 def _quiet_dask() -> None:
