@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from hvtrace.format.status import merge_connections
 from hvtrace.record import netstat
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="TCP_INFO and /proc are Linux's")
@@ -90,6 +91,6 @@ def test_merge_keeps_the_latest_sample_per_connection_and_drops_junk() -> None:
     a = {"local": "10.0.0.1:5", "peer": "10.0.0.2:7", "sent_bytes": 1}
     b = {"local": "10.0.0.1:6", "peer": "10.0.0.2:7", "sent_bytes": 9}
     a2 = dict(a, sent_bytes=5)
-    out = netstat.merge_connections([a, b, "junk", {"local": 1}], [a2, None])
+    out = merge_connections([a, b, "junk", {"local": 1}], [a2, None])
     assert sorted(c["sent_bytes"] for c in out) == [5, 9]
-    assert netstat.merge_connections("not a list", None) == []
+    assert merge_connections("not a list", None) == []

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from hvtrace.analysis.hangs import find_hangs
+from hvtrace.format.status import merge_stalls
 from hvtrace.record import stall
 
 
@@ -52,8 +53,8 @@ def test_stall_records_merge_per_step() -> None:
     a = {"step": 3, "micro": 0, "waited_s": 2.0}
     b = {"step": 3, "micro": 0, "waited_s": 4.0}
     c = {"step": 9, "micro": 0, "waited_s": 2.0}
-    out = stall.merge_stalls([a, "junk"], b)
-    out = stall.merge_stalls(out, [c, None, {"no": "step"}])
+    out = merge_stalls([a, "junk"], b)
+    out = merge_stalls(out, [c, None, {"no": "step"}])
     assert sorted((r["step"], r["waited_s"]) for r in out) == [(3, 4.0), (9, 2.0)]
 
 
@@ -124,7 +125,7 @@ def test_a_wait_in_a_collective_outside_the_optimizer_is_noted_with_it(monkeypat
     t.in_collective = "broadcast_object|input|cfg"  # another wait starts over
     assert w(t, 13, 0) is None
     # the same step's wait in synchronize and in a collective are kept apart when merged
-    merged = stall.merge_stalls([r], {"step": 13, "micro": 0, "waited_s": 3.0})
+    merged = merge_stalls([r], {"step": 13, "micro": 0, "waited_s": 3.0})
     assert len(merged) == 2
 
 
