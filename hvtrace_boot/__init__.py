@@ -69,13 +69,11 @@ class _PostImport:
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
         if name not in TARGETS:
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
+        try:
+            spec = self._spec(name, path, target)
+        except Exception as exc:  # noqa: BLE001 - the import goes on as without the hook
+            _warn(f"cannot watch the import of {name} ({type(exc).__name__}: {exc})")
+            return None
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
@@ -90,6 +88,16 @@ class _PostImport:
         except (AttributeError, TypeError):  # a loader that cannot be changed: left untraced
             _warn(f"cannot watch the import of {name}; not tracing it")
         return spec
+
+    def _spec(self, name: str, path: object, target: object) -> object:
+        """The spec the finders after this one give for ``name``."""
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                return spec
+        return None
 
 
 def _patch(name: str, module: object) -> None:
