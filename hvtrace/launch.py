@@ -28,9 +28,6 @@ log = logging.getLogger("hvtrace")
 #: The start-up hook's file, installed at the root of site-packages.
 PTH_NAME = "hvtrace-autotrace.pth"
 
-#: Files a rank writes (an open stream, a closed file).
-RANK_FILE_GLOBS = ("*.arrows", "*.parquet")
-
 
 def default_trace_dir(now: _dt.datetime | None = None) -> Path:
     """``hvtrace-runs/YYYYmmdd-HHMMSS`` under the current directory (a new one per run)."""
@@ -77,11 +74,15 @@ def traced_environment(
 
 
 def recorded_files(trace_dir: str | os.PathLike) -> list[Path]:
-    """The rank files under ``trace_dir`` (none if it does not exist)."""
-    root = Path(trace_dir)
-    if not root.is_dir():
+    """The rank files in ``trace_dir`` (:func:`hvtrace.format.read.find_trace_files`); none
+    where it does not exist or holds none."""
+    from hvtrace.errors import TraceError
+    from hvtrace.format.read import find_trace_files
+
+    try:
+        return find_trace_files(trace_dir)
+    except TraceError:
         return []
-    return sorted(p for pattern in RANK_FILE_GLOBS for p in root.glob(pattern) if p.is_file())
 
 
 def run_traced(

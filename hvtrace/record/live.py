@@ -276,7 +276,6 @@ class LiveMonitor:
         self.chunk_steps = CHUNK_STEPS  # steps handed over at a time
         self.window_start_ns = time.monotonic_ns()
         self.init_verdicts()
-        #: Rank 0 judges in a child process (False: in this one; tests).
         #: None: the judge process (:mod:`hvtrace.analysis.live`) decides; else a function with
         #: its ``verdicts`` signature, called here (tests).
         self.judge: Callable[[np.ndarray, int, dict[int, str]], list[dict[str, Any]]] | None = None
@@ -433,8 +432,7 @@ class LiveMonitor:
             except queue.Empty:
                 item = _NOTHING_NEW
             if self._stopped:  # closed (or failed): what was gathered is released, unjudged
-                self._release_all(mpi_ops, pending)
-                self._stop_judge()
+                self._end(pending)
                 return
             try:
                 if type(item) is list:  # some steps' entries
@@ -456,16 +454,17 @@ class LiveMonitor:
                 self._stopped = True  # on_step hands nothing more over
                 with self._cond:
                     self._cond.notify_all()
-                self._release_all(mpi_ops, pending)
-                self._stop_judge()
+                self._end(pending)
                 return
 
-    def _release_all(self, mpi_ops: Any, pending: deque[tuple[int, Any]]) -> None:
-        """Hand the windows gathered but not taken to the training thread to release (they
-        complete on every rank: every rank gathered them)."""
+    def _end(self, pending: deque[tuple[int, Any]]) -> None:
+        """The live thread's end: the windows gathered but not taken go to the training thread
+        to release (they complete on every rank: every rank gathered them), and the judge
+        stops."""
         with self._cond:
             self._orphans.extend(h for _, h in pending)
         pending.clear()
+        self._stop_judge()
 
     def _gathered(self, mpi_ops: Any, gathered: np.ndarray) -> None:
         """A window's rows of every rank, gathered: rank 0 judges them."""
