@@ -293,7 +293,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="steps per live straggler window at least (HVTRACE_LIVE_EVERY; 0: off)",
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND...",
+        help="the job's command line, after --: horovodrun -np 4 python train.py",
+    )
     p.set_defaults(func=_cmd_run)
 
 

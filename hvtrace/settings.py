@@ -77,6 +77,22 @@ SETTINGS: Final = {
     s.env: s
     for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY, LIVE_S, POLL_US)
 }
+#: The on/off and path settings, with what each does (parsed by the functions below; the
+#: documentation's settings page is generated from this and :data:`SETTINGS`).
+SWITCHES: Final = {
+    "HVTRACE": "0 (or false, off, no) turns recording off with no code change: "
+    "hvtrace.DistributedOptimizer returns Horovod's optimizer untouched, the start-up hook and "
+    "the Lightning callback do nothing (default on)",
+    "HVTRACE_DIR": "the trace directory when the code gives none; set, it also asks the start-up "
+    "hook to trace a job with no code change (hvtrace run sets it)",
+    "HVTRACE_HOROVOD_TIMELINE": "1 also records Horovod's own timeline into the trace directory "
+    "(rank 0 writes it; the start-up hook sets HOROVOD_TIMELINE=DYNAMIC before hvd.init()) "
+    "(default off)",
+    "HVTRACE_HOROVOD_TIMELINE_CYCLES": "1 marks Horovod's background-thread cycles in that "
+    "timeline (default off)",
+    "HVTRACE_NATIVE": "0 runs the pure-Python forms of the compiled hot path (the same records; "
+    "for comparison, or if the compiled one is suspected) (default on)",
+}
 
 _OFF: Final = {"0", "false", "off", "no"}
 _ON: Final = {"", "1", "true", "on", "yes"}

@@ -19,13 +19,197 @@ from hvtrace.format.schema import LIGHTNING_PREFIX
 from hvtrace.selection import StepRange
 
 
+@dataclass(frozen=True)
+class FindingKind:
+    """What one kind of finding says about a job: when it is raised (``means``), what its
+    ``cost`` figure is, and what to do about it (``action``). The documentation's list of findings
+    (``docs/findings.md``) is generated from :data:`FINDING_KINDS`, and a test checks that every
+    kind the analysis can raise is in it."""
+
+    title: str
+    severity: str
+    means: str
+    cost: str
+    action: str
+
+
+#: Every kind of :class:`Finding` the analysis raises, in the order the report lists them when
+#: all are present (correctness first), with what each means, costs and asks for.
+FINDING_KINDS: dict[str, FindingKind] = {
+    "hang": FindingKind(
+        "A hang",
+        "warning",
+        "Ranks waited in synchronize() (or in a collective) for HVTRACE_STALL_S seconds or more "
+        "and the job never got past it: the run's files end in the wait. The finding names the "
+        "ranks that waited, the ranks that never arrived (stopped, deadlocked, or skipped a "
+        "collective the others issued), the step and the first tensor waited for; where one "
+        "rank issued a collective the others did not (or skipped one they issued), it says "
+        "which and in what phase.",
+        "None in time: the job stopped. `data.waited_s` is how long the ranks had waited.",
+        "Look at what the ranks that never arrived were doing (their last spans in the timeline, "
+        "a stack dump of the process); a collective issued by some ranks only (a metric "
+        "averaged on rank 0 alone, a callback that runs on one rank) must be issued by every "
+        "rank, in the same order.",
+    ),
+    "stall": FindingKind(
+        "A stall the job got past",
+        "warning",
+        "Ranks waited HVTRACE_STALL_S seconds or more in synchronize() for the others, and the "
+        "job went on afterwards.",
+        "The time waited (`value`, seconds).",
+        "Find what the late ranks did at that step (checkpoint, evaluation, data loading on one "
+        "rank, a slow file system); do it on every rank at once or off the training loop.",
+    ),
+    "divergence": FindingKind(
+        "Ranks that stopped training the same model",
+        "warning (info when only monitored values differ)",
+        "The ranks' parameter fingerprints, learning rates, or values marked with "
+        "`hvtrace.scalar(..., agree=True)` (Lightning: logged metrics, ReduceLROnPlateau's "
+        "input) differ at a step. `data.step` is the first such step; `data.names` the tensors. "
+        "Differing parameters at step 0 mean `hvd.broadcast_parameters` is missing.",
+        "None in time: the job's result is wrong from that step on.",
+        "Broadcast the parameters and the optimizer state from rank 0 before training; reduce "
+        "metrics before a decision every rank takes (learning-rate schedules, early stopping); "
+        "give every rank the same learning rate.",
+    ),
+    "incomplete": FindingKind(
+        "An incomplete run",
+        "warning",
+        "A rank's file was cut off (crashed or killed) or not closed cleanly, or a rank has no "
+        "usable file. The run is analyzed over the steps every rank completed.",
+        "None in time: what is missing is said (rank, last step).",
+        "Look at the stopped rank's log; `hvtrace compact RUN_DIR` turns the streams of killed "
+        "ranks into Parquet files.",
+    ),
+    "dropped": FindingKind(
+        "Spans dropped by the recorder",
+        "warning",
+        "A rank's writer thread fell behind and its buffer (HVTRACE_BUFFER_SPANS) filled: the "
+        "spans that did not fit were dropped and counted. That rank's figures undercount.",
+        "None in time; `value` is the number of spans dropped.",
+        "Raise HVTRACE_BUFFER_SPANS, or lower HVTRACE_FLUSH_S so the writer drains more often; "
+        "a rank short of CPU writes more slowly.",
+    ),
+    "reset": FindingKind(
+        "An elastic reset",
+        "warning when a worker left, info when workers only joined",
+        "Under `hvd.elastic.run` the membership changed: which workers, ranks and hosts left or "
+        "joined, at what step, the steps replayed from the last commit and how long training "
+        "stood still.",
+        "`data.lost_s`: the stall plus the replayed steps at the epoch's median step time.",
+        "Commit the state more often (fewer replayed steps); find why the worker left (its log, "
+        "the host).",
+    ),
+    "straggler": FindingKind(
+        "A straggler",
+        "warning; info when it costs under 2 % of the run",
+        "A rank is the last to have its gradients ready in a clear majority of steps, by more "
+        "than a balanced run's noise, and its own phases explain that lateness (or one of its "
+        "phases is consistently slower than the other ranks'). The finding names the phase and "
+        "the cause: **work** (more CPU time), **blocked** (sleep, I/O, a lock, a queue), or, as "
+        "its own kind, contention.",
+        "What a what-if replay of every step with this rank working like the others saves "
+        "(`data.lost_ms_per_step`, `data.lost_share`); 'up to' where its host is short of CPU.",
+        "By cause: give every rank the same work (data shards, batch sizes); move blocking I/O "
+        "off the training loop (prefetch, more DataLoader workers, checkpoints in another "
+        "thread).",
+    ),
+    "slow_host": FindingKind(
+        "A slow host",
+        "warning; info when it costs under 2 % of the run",
+        "All the ranks of one host arrive late: the host, not its ranks one by one, is named, "
+        "with the slow phase.",
+        "As for a straggler: the what-if replay with the host's ranks working like the others.",
+        "Compare the host with the others: CPU model and frequency, other jobs on it, its "
+        "data path (local disk, network file system), thermal throttling.",
+    ),
+    "contention": FindingKind(
+        "CPU contention",
+        "warning",
+        "Ranks wait for a CPU (runnable, not running) 10 % or more of their time outside "
+        "synchronize(): too many busy threads for the host's cores, or other jobs. Raised for "
+        "the host, and for a rank whose lateness is mostly waiting for a CPU.",
+        "The run-queue wait per step (`data.runq_ms`), or the rank's what-if cost.",
+        "Run fewer busy threads than cores per rank (torch.set_num_threads / OMP_NUM_THREADS, "
+        "fewer DataLoader workers), pin ranks to their own cores (horovodrun --binding-args, "
+        "taskset), keep other jobs off the host.",
+    ),
+    "rank0_blocking": FindingKind(
+        "Rank 0 blocks between steps",
+        "warning",
+        "Rank 0's gap between steps is longer than the other ranks' by a mean that stands out "
+        "of its own noise (three standard errors) and costs 5 % of the run or more: logging, "
+        "checkpoints or evaluation done on rank 0 while the others wait. It says how often it "
+        "came and, where a user span explains it, which.",
+        "The mean excess of rank 0's input gap per step (`data.lost_ms_per_step`).",
+        "Move the work off the training loop (another thread) or do it every N steps; save "
+        "checkpoints asynchronously.",
+    ),
+    "collective_wait": FindingKind(
+        "Ranks wait for one rank in a collective outside the optimizer",
+        "warning from 5 % of the run, info from 1 %",
+        "Ranks are blocked in a collective the job issues itself (a metric's allreduce, a "
+        "broadcast, a Lightning callback's) for 1 % of the run or more, and most of that time "
+        "is waiting for one late rank, which is named.",
+        "The ranks' blocked time per step averaged over the run (`data.blocked_ms_per_step`, "
+        "`data.run_share`).",
+        "Find why that rank reaches the collective late (the phase before it); issue the "
+        "collective less often.",
+    ),
+    "collective_cost": FindingKind(
+        "A costly collective outside the optimizer",
+        "warning from 5 % of the run, info from 1 %",
+        "A collective the job issues itself blocks the ranks for 1 % of the run or more, and "
+        "not because of one late rank: the operation itself costs.",
+        "The ranks' blocked time per step averaged over the run, per call and as a share of the "
+        "run.",
+        "Issue it less often (every N steps), batch several values into one tensor, or use its "
+        "asynchronous form; for Lightning's own, change how often the callback runs.",
+    ),
+    "comm_bound": FindingKind(
+        "Communication-bound steps",
+        "warning",
+        "In at least half the steps the last rank to be ready still waits a share of the step "
+        "for allreduces (exposed communication). The finding gives the current Horovod "
+        "settings and, on several hosts, whether the network link is the limit.",
+        "The exposed communication per step (`data.exposed_ms`).",
+        "A larger batch per worker, `hvd.Compression.fp16`, HOROVOD_FUSION_THRESHOLD and "
+        "HOROVOD_CYCLE_TIME; where a link is the limit, a faster link or fewer bytes.",
+    ),
+    "small_allreduces": FindingKind(
+        "Many small allreduces",
+        "info",
+        "50 or more tensors per step with a median size under 256 KiB: each costs a negotiation "
+        "round.",
+        "Not priced: `value` is the number of tensors per step.",
+        "Fuse more (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME) or group the tensors "
+        "(`DistributedOptimizer(groups=...)`).",
+    ),
+    "late_unexplained": FindingKind(
+        "A rank often last that is not named a straggler",
+        "info",
+        "A rank is last to be ready in a majority of steps, but its own phases do not explain "
+        "the lateness (it starts its steps late: CPU contention, or clocks off by up to their "
+        "uncertainty) or its extra work is below the margin a balanced run's noise reaches.",
+        "Not priced: `value` is its median lateness in ms.",
+        "Nothing to do unless it grows; look at its host's CPU if it starts its steps late.",
+    ),
+    "balanced": FindingKind(
+        "No straggler",
+        "info",
+        "No rank is last in a clear majority of steps with a lateness its own work explains. It "
+        "says which rank was most often last and by how much, for reference.",
+        "None.",
+        "None: the ranks keep pace.",
+    ),
+}
+
+
 @dataclass
 class Finding:
-    """One line of advice. ``kind`` names the check (``hang``, ``divergence``, ``incomplete``,
-    ``dropped``, ``straggler``, ``slow_host``, ``rank0_blocking``, ``comm_bound``,
-    ``small_allreduces``, ``late_unexplained``, ``balanced``); ``severity`` is ``warning`` or
-    ``info``; ``value`` is the number behind the line, in ``unit``; ``data`` holds the other
-    numbers (JSON-ready)."""
+    """One line of advice. ``kind`` names the check (a key of :data:`FINDING_KINDS`, which says
+    what each means); ``severity`` is ``warning`` or ``info``; ``value`` is the number behind
+    the line, in ``unit``; ``data`` holds the other numbers (JSON-ready)."""
 
     kind: str
     severity: str
@@ -210,4 +394,4 @@ class Analysis:
         return int(s.min()), int(s.max()), int(s.nunique())
 
 
-__all__ = ["Analysis", "Finding", "RankState"]
+__all__ = ["FINDING_KINDS", "Analysis", "Finding", "FindingKind", "RankState"]
