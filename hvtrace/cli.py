@@ -129,10 +129,16 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     # every trace file there, opened or not: an output never replaces one (checked before the
     # analysis, so that a bad output path costs nothing)
     inputs = find_trace_files(args.run_dir)
-    for out in (args.json, args.timeline):
+    for out in (args.json, args.timeline, args.html):
         if out and out != "-":
             check_output(out, inputs)
-    for opt, d in (("--csv", args.csv), ("--parquet", args.parquet)):
+    if args.html:
+        write_html = _html_writer()
+    for opt, d in (
+        ("--csv", args.csv),
+        ("--parquet", args.parquet),
+        ("--tensorboard", args.tensorboard),
+    ):
         if d:
             check_table_dir(opt, d, args.run_dir)
     run = open_run(
@@ -158,6 +164,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             notes.append(f"{fmt} tables: {len(files)} files in {d}")
     if args.timeline:
         notes.append(write_timeline(run, a, args.timeline, steps, inputs))
+    if args.tensorboard:
+        from hvtrace.export.tensorboard import write_tensorboard
+
+        tb = write_tensorboard(a, args.tensorboard)
+        notes.append(f"tensorboard: per-step scalars in {tb} (tensorboard --logdir {tb})")
+    if args.html:
+        html_path = write_html(run, a, args.html, inputs)
+        notes.append(f"html report: {html_path} (one file, opens offline)")
     if not to_stdout:
         print(format_report(a))
         if notes:
@@ -168,6 +182,18 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         for n in notes:
             print(n, file=sys.stderr)
     return 0
+
+
+def _html_writer() -> Any:
+    """The HTML report's writer (it draws the dashboard's charts: plotly is needed)."""
+    try:
+        from hvtrace_dashboard.report_html import write_html_report
+    except ImportError as exc:
+        raise TraceError(
+            f"--html needs Dash and plotly ({exc}); install them with "
+            "pip install 'hvtrace[dashboard]'"
+        ) from None
+    return write_html_report
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
@@ -355,10 +381,25 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "--json", metavar="PATH", default=None, help="write the summary as JSON ('-': stdout)"
     )
     p.add_argument(
+        "--html",
+        metavar="PATH",
+        default=None,
+        help="write the report as one self-contained HTML file (tables, heat maps, charts and a "
+        "timeline around the slowest step; opens from disk, no server, no network)",
+    )
+    p.add_argument(
         "--csv", metavar="DIR", default=None, help="write spans and per-step tables as CSV"
     )
     p.add_argument(
         "--parquet", metavar="DIR", default=None, help="write spans and per-step tables as Parquet"
+    )
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="write per-step scalars (step time, the late rank and its lateness, exposed "
+        "allreduce, comm/compute, hidden share) as TensorBoard events into DIR (needs pip "
+        "install 'hvtrace[tensorboard]')",
     )
     p.add_argument(
         "--skip-steps",

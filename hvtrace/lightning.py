@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from hvtrace.format.schema import KIND_CODE, METRIC_PREFIX, MONITOR_PREFIX
+from hvtrace.record import live as _live
 from hvtrace.record.consistency import record_agree
 from hvtrace.record.optimizer import Tracer, trace_optimizer, tracing_enabled
 from hvtrace.record.timers import monotonic_ns
@@ -170,6 +172,9 @@ class HvtraceCallback(pl.Callback):
         self._undo: list[Callable[[], None]] = []
         self._val: tuple[int, int] | None = None
         self._warned = False
+        #: Rank 0, live detection on: each live window's per-step figures, put here by the live
+        #: thread and logged to the Trainer's loggers on the training thread.
+        self._figures: deque[tuple[int, dict[str, float]]] = deque()
 
     # -- Lightning hooks -----------------------------------------------------------------------
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -208,6 +213,25 @@ class HvtraceCallback(pl.Callback):
                     record_agree(rec, METRIC_PREFIX + k, value)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        """Rank 0: hand the live windows' per-step figures that came in to the Trainer's
+        loggers (``hvtrace/step_ms``, ``hvtrace/late_rank``, ...: see
+        :data:`hvtrace.format.tensorboard.SCALARS`), at their training steps."""
+        figures = self._figures
+        if not figures:
+            return
+        try:
+            while figures:
+                step, values = figures.popleft()
+                for logger in trainer.loggers:
+                    logger.log_metrics(dict(values), step=step)
+        except Exception as exc:  # noqa: BLE001 - a logger's failure never ends training
+            figures.clear()
+            self._undo_figures()
+            self._warn(f"hvtrace: live figures not logged any more: {type(exc).__name__}: {exc}")
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Finish the trace: a last clock estimate (collective, every rank), then close."""
@@ -269,6 +293,15 @@ class HvtraceCallback(pl.Callback):
                 self._wrap(logger, "log_metrics", self._timed("logger", logger.log_metrics))
         if callable(getattr(pl_module, "lr_scheduler_step", None)):
             self._wrap(pl_module, "lr_scheduler_step", self._monitored(trainer, pl_module))
+        if tracer.live is not None and trainer.is_global_zero and trainer.loggers:
+            _live.on_window_figures(self._figures.extend)
+            self._undo.append(self._undo_figures)
+
+    def _undo_figures(self) -> None:
+        """Stop taking live figures (the listener is process-wide)."""
+        listeners = _live._figure_listeners
+        for cb in [cb for cb in listeners if getattr(cb, "__self__", None) is self._figures]:
+            listeners.remove(cb)
 
     def _refresh_lightning_optimizers(self, strategy: Any, dist: Any) -> None:
         """Lightning's wrapper of the optimizer copied ``synchronize`` before the tracer wrapped

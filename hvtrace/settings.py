@@ -90,6 +90,9 @@ SWITCHES: Final = {
     "(default off)",
     "HVTRACE_HOROVOD_TIMELINE_CYCLES": "1 marks Horovod's background-thread cycles in that "
     "timeline (default off)",
+    "HVTRACE_TENSORBOARD": "a directory: rank 0's live detection writes each window's per-step "
+    "figures there as TensorBoard scalars (step time, the late rank and its lateness, exposed "
+    "wait), from its judge process, off the training process (needs tensorboardX; default none)",
     "HVTRACE_NATIVE": "0 runs the pure-Python forms of the compiled hot path (the same records; "
     "for comparison, or if the compiled one is suspected) (default on)",
 }

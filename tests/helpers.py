@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -296,6 +297,43 @@ def write_rank_file(
         tf.close()
         sizes.append(path.stat().st_size)
     return sizes
+
+
+def rewrite_header(path: str | os.PathLike, edit: Any) -> None:
+    """Rewrite a trace file with its header JSON changed by ``edit`` (dict -> dict or bytes)."""
+    import pyarrow as pa
+
+    from hvtrace.format.schema import HEADER_KEY
+
+    path = Path(path)
+
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        meta = dict(pq.read_metadata(path).metadata)
+        meta.pop(b"ARROW:schema")
+        new = edit(json.loads(meta[HEADER_KEY]))
+        if new is None:
+            meta.pop(HEADER_KEY)
+        else:
+            meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
+        pq.write_table(table.replace_schema_metadata(meta), path)
+        return
+    # read a copy, not a memory map: the file is rewritten below while the batches are alive
+    reader = pa.ipc.open_stream(pa.py_buffer(path.read_bytes()))
+    schema = reader.schema
+    batches = list(reader)
+    header = json.loads(schema.metadata[HEADER_KEY])
+    new = edit(header)
+    meta = dict(schema.metadata)
+    if new is None:
+        meta.pop(HEADER_KEY)
+    else:
+        meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
+    with open(path, "wb") as f, pa.ipc.new_stream(f, schema.with_metadata(meta)) as w:
+        for b in batches:
+            w.write_batch(b)
 
 
 def synth_module() -> Any:

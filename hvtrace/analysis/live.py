@@ -5,8 +5,11 @@ per step, :func:`hvtrace.record.live.step_matrix`); rank 0 gathers them and hand
 module in a child process (``python -m hvtrace.analysis.live``, started by
 :class:`hvtrace.record.live.LiveMonitor`): its pandas work never holds the training process's
 GIL. On stdin, per window, a line of JSON (``size``, ``hosts``, ``rows``, ``cols``) then ``rows x
-cols`` float64 values; on stdout, one line of JSON per window: the list of :func:`verdicts`. It
-exits at the end of its input.
+cols`` float64 values (``figures``: rank 0 wants the window's per-step figures back); on stdout,
+one line of JSON per window: ``verdicts`` (the list of :func:`verdicts`) and ``figures``
+(:func:`window_points`, where asked), or ``error``. Where ``HVTRACE_TENSORBOARD`` names a
+directory, it also writes each window's steps there as TensorBoard scalars. It exits at the end
+of its input.
 
 The decision is the offline analysis's own (:func:`hvtrace.analysis.stragglers.straggler_table`
 on a step table built as :func:`hvtrace.analysis.steps.finish_steps` builds it): one
@@ -17,6 +20,7 @@ rank and phase.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,7 +35,9 @@ from hvtrace.analysis.stragglers import (
     host_contention,
     straggler_table,
 )
+from hvtrace.analysis.summary import step_summary
 from hvtrace.format.schema import LIVE_ARRIVAL_COL, LIVE_COLS, LIVE_PHASES
+from hvtrace.format.tensorboard import Points, add_points, step_points, summary_writer
 
 N_COLS = LIVE_COLS
 PHASES = LIVE_PHASES
@@ -126,17 +132,60 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
     return out + list(contended.values())
 
 
+def window_points(gathered: np.ndarray, size: int, after_step: int | None = None) -> Points:
+    """The TensorBoard points (:func:`hvtrace.format.tensorboard.step_points`) of a window's
+    steps after ``after_step``: the offline per-step table (:func:`step_summary`) of its step
+    frame. A window has no allreduce times and no collectives outside the optimizer, so its
+    comm/compute and hidden share are absent and its exposed time is the wait in
+    ``synchronize()``."""
+    st = step_frame(gathered, size)
+    if st.empty:
+        return []
+    st["collective_wait_ns"] = 0.0
+    st["comm_ns"] = np.nan
+    st["overlap"] = np.nan
+    return step_points(step_summary(st), after_step)
+
+
+class _Figures:
+    """The judge's per-step figures: written to ``HVTRACE_TENSORBOARD`` where it is set, and
+    sent back to rank 0 when it asks (a Lightning job's logger); each step once, however the
+    decision windows overlap."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.writer: Any = None
+        self.failed = False
+        self.last_step: int | None = None
+
+    def points(self, gathered: np.ndarray, size: int, wanted: bool) -> Points:
+        if not wanted and (not self.log_dir or self.failed):
+            return []
+        pts = window_points(gathered, size, self.last_step)
+        if pts:
+            self.last_step = pts[-1][0]
+        if self.log_dir and not self.failed and pts:
+            try:
+                if self.writer is None:
+                    self.writer = summary_writer(self.log_dir)
+                add_points(self.writer, pts)
+            except Exception as exc:  # noqa: BLE001 - TensorBoard output never ends live detection
+                self.failed = True
+                sys.stderr.write(f"hvtrace: live TensorBoard output stopped: {exc}\n")
+        return pts if wanted else []
+
+
 def main() -> int:
     """Answer windows until stdin closes, at the lowest CPU priority: the judge is never in a
     hurry, and on a host whose cores the ranks fill it must not slow rank 0 (which would then
     be named the straggler for the judge's own work)."""
-    import os
 
     try:
         os.nice(19)
     except OSError:
         pass
     inp, out = sys.stdin.buffer, sys.stdout
+    figures = _Figures(os.environ.get("HVTRACE_TENSORBOARD", "").strip())
     while True:
         head = inp.readline()
         if not head:
@@ -147,7 +196,9 @@ def main() -> int:
         gathered = np.frombuffer(data, dtype=np.float64).reshape(rows, cols)
         hosts = {int(k): str(v) for k, v in meta.get("hosts", {}).items()}
         try:
-            res = verdicts(gathered, int(meta["size"]), hosts)
+            size = int(meta["size"])
+            res: dict[str, Any] = {"verdicts": verdicts(gathered, size, hosts)}
+            res["figures"] = figures.points(gathered, size, bool(meta.get("figures")))
         except Exception as exc:  # noqa: BLE001 - one bad window does not end live detection
             res = {"error": f"{type(exc).__name__}: {exc}"}
         out.write(json.dumps(res) + "\n")

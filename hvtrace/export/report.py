@@ -55,7 +55,7 @@ def _num(x: Any, fmt: str = ".1f") -> str:
     return format(x, fmt)
 
 
-def _gbps(x: Any) -> str:
+def format_gbps(x: Any) -> str:
     """Bandwidth in GB/s with 3 significant digits; tiny values (fused small tensors) as <0.01."""
     try:
         x = float(x)
@@ -135,7 +135,7 @@ def _links_section(a: Analysis, w: int) -> list[str]:
                 str(x["dst_host"]),
                 format_bytes(x["bytes"]),
                 _num(x["busy_ms"] / 1e3, ".2f"),
-                _gbps(rate),
+                format_gbps(rate),
                 _num(rate * 8e3, ".0f"),
                 _num(x["min_rtt_ms"], ".2f"),
                 str(int(x["retrans"])),
@@ -306,6 +306,19 @@ def _host_lines(a: Analysis, w: int) -> list[str]:
     return out
 
 
+def step_phases(per_rank: pd.DataFrame) -> list[tuple[str, str]]:
+    """The phases of a step breakdown this run has, as (column prefix in ``per_rank``, short
+    label): forward and backward where the model was given, compute where it was not (a run
+    may have both, from ranks that differ)."""
+    phases = [("input", "input")]
+    fwd = per_rank["forward_ms"].fillna(0) > 0
+    if fwd.any() or (per_rank["backward_ms"].fillna(0) > 0).any():
+        phases += [("forward", "fwd"), ("backward", "bwd")]
+    if (per_rank["compute_ms"].fillna(0) > 0).any():
+        phases += [("compute", "compute")]
+    return [*phases, ("wait", "wait"), ("update", "update"), ("user", "user"), ("other", "other")]
+
+
 def engine_summary(engine: dict[str, Any]) -> str:
     """One line saying where a Dask engine ran the per-rank pass."""
     workers = engine.get("tasks_by_worker") or {}
@@ -385,12 +398,7 @@ def format_report(
     # -- where the time goes
     L.append("")
     L.append("Where each step's time goes (median ms per step, per rank)")
-    phases = [("input", "input")]
-    if (pr["forward_ms"].fillna(0) > 0).any() or (pr["backward_ms"].fillna(0) > 0).any():
-        phases += [("forward", "fwd"), ("backward", "bwd")]
-    if (pr["compute_ms"].fillna(0) > 0).any():
-        phases += [("compute", "compute")]
-    phases += [("wait", "wait"), ("update", "update"), ("user", "user"), ("other", "other")]
+    phases = step_phases(pr)
     headers = [("rank", 4, ">"), ("host", 10, "<"), ("step", 7, ">")]
     headers += [(t, 7, ">") for _, t in phases]
     show_p95 = sum(h[1] + 1 for h in headers) + 8 <= w
@@ -434,7 +442,7 @@ def format_report(
                 _num(x["allreduce_ms"]),
                 _pct(x["overlap"]),
                 _num(x["comm_compute_ratio"], ".2f"),
-                _gbps(x["algbw_gbps"]),
+                format_gbps(x["algbw_gbps"]),
                 _num(x["lateness_ms"]),
                 _pct(x["last_share"]),
             ]
@@ -476,8 +484,8 @@ def format_report(
                     format_bytes(x["bytes"]),
                     str(x["dtype"]),
                     _num(x["time_ms"], ".2f"),
-                    _gbps(x["algbw_gbps"]),
-                    _gbps(x["busbw_gbps"]),
+                    format_gbps(x["algbw_gbps"]),
+                    format_gbps(x["busbw_gbps"]),
                 ]
             )
         L += _table(headers, rows)
@@ -485,7 +493,7 @@ def format_report(
         L += wrap(
             f"per step: {_num(c['tensors_per_step'], '.0f')} tensors, "
             f"{format_bytes(c['bytes_per_step'])} in {_num(c['comm_ms'])} ms of allreduce -> algbw "
-            f"{_gbps(c['algbw_gbps'])} GB/s, busbw {_gbps(c['busbw_gbps'])} GB/s "
+            f"{format_gbps(c['algbw_gbps'])} GB/s, busbw {format_gbps(c['busbw_gbps'])} GB/s "
             f"(n={a.size}, busbw = algbw x 2(n-1)/n).",
             w,
         )

@@ -192,6 +192,19 @@ def chunk_steps(step_ns: float) -> int:
     return _steps_in(CHUNK_S, step_ns, CHUNK_STEPS, CHUNK_MAX_STEPS)
 
 
+#: Rank 0: functions given each window's per-step figures (a list of ``(step, {tag: value})``,
+#: :func:`hvtrace.analysis.live.window_points`) on the live thread, as the judge process returns
+#: them; :class:`hvtrace.lightning.HvtraceCallback` hands them to the Lightning logger.
+_figure_listeners: list[Callable[[list[tuple[int, dict[str, float]]]], Any]] = []
+
+
+def on_window_figures(callback: Callable[[list[tuple[int, dict[str, float]]]], Any]) -> None:
+    """Call ``callback(points)`` on rank 0 with each live window's per-step figures (off the
+    training thread; exceptions are logged). ``points``: ``(step, {tag: value})`` with the tags
+    of :data:`hvtrace.format.tensorboard.SCALARS` a live window has."""
+    _figure_listeners.append(callback)
+
+
 #: How rank 0 starts its judge process: at the lowest CPU priority before anything is imported
 #: (``python -m hvtrace.record.live_judge`` imports hvtrace, pyarrow and numpy first, 0.23 s of
 #: CPU at the rank's priority, on a CPU the ranks may fill), free to run on any CPU this machine
@@ -550,16 +563,30 @@ class LiveMonitor:
         p = self._judge_proc
         assert p.stdin is not None and p.stdout is not None
         g = np.ascontiguousarray(gathered, dtype=np.float64)
-        meta = {"size": size, "hosts": self.hosts, "rows": g.shape[0], "cols": g.shape[1]}
+        meta = {
+            "size": size,
+            "hosts": self.hosts,
+            "rows": g.shape[0],
+            "cols": g.shape[1],
+            "figures": bool(_figure_listeners),
+        }
         p.stdin.write(json.dumps(meta).encode() + b"\n" + g.tobytes())
         p.stdin.flush()
         reply = p.stdout.readline()
         if not reply:
             raise RuntimeError("the live judge process ended")
         res = json.loads(reply)
-        if isinstance(res, dict):
+        if "error" in res:
             raise RuntimeError(f"the live judge failed: {res.get('error')}")
-        return res
+        points = [(int(st), dict(v)) for st, v in res.get("figures") or []]
+        for cb in list(_figure_listeners) if points else ():
+            try:
+                cb(points)
+            except Exception as exc:  # noqa: BLE001 - the listener's failure stays there
+                log.warning(
+                    "hvtrace: live figures listener failed: %s: %s", type(exc).__name__, exc
+                )
+        return res["verdicts"]
 
     def _decided_on(self, gathered: np.ndarray, size: int) -> np.ndarray:
         """The steps a verdict is decided on: this window, and the windows just before it while

@@ -40,6 +40,9 @@ FEATURES = ["--val-every", "10"]
 TENSORS = {"net.net.0.weight", "net.net.0.bias", "net.net.2.weight", "net.net.2.bias"}
 TENSORS |= {"net.net.4.weight", "net.net.4.bias"}
 PHASES = ("step", "input", "forward", "backward", "wait", "update")
+#: Live windows of 10 steps (the traced job's 30 steps would make none at the defaults), so that
+#: rank 0's logger gets live figures.
+LIVE_WINDOWS = {"HVTRACE_LIVE_EVERY": "10", "HVTRACE_LIVE_S": "0"}
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Job:
 
     proc: subprocess.CompletedProcess
     base: Path
+    logs: Path | None = None
 
     @property
     def trace_dir(self) -> Path:
@@ -74,7 +78,7 @@ def _launch(tmp_path_factory, name: str, *args: str, env=None) -> Job:
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory) -> Job:
     base = tmp_path_factory.mktemp("ckpt_logs")
-    return _launch(
+    job = _launch(
         tmp_path_factory,
         "traced",
         *FEATURES,
@@ -82,7 +86,10 @@ def traced(tmp_path_factory) -> Job:
         str(base / "ckpt"),
         "--log-dir",
         str(base / "logs"),
+        env=LIVE_WINDOWS,
     )
+    job.logs = base / "logs"
+    return job
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +149,24 @@ def test_records_the_optimizer_spans_and_lightning_phases(traced: Job) -> None:
         assert users.get("log", 0) >= STEPS, users  # self.log in every training_step
         if rank == 0:
             assert users.get("logger", 0) >= STEPS // 5, users
+
+
+def test_live_figures_reach_the_trainers_logger_on_rank_0(traced: Job) -> None:
+    """Live windows' per-step figures are logged through the Trainer's own logger (the CSV
+    logger here), at their training steps, once each; they are the trace's own step times."""
+    assert traced.logs is not None
+    files = list(traced.logs.rglob("metrics.csv"))
+    assert len(files) == 1, files
+    m = pd.read_csv(files[0])
+    assert "hvtrace/step_ms" in m.columns, list(m.columns)
+    rows = m[m["hvtrace/step_ms"].notna()]
+    steps = rows["step"].astype(int).tolist()
+    assert steps and steps == sorted(set(steps)) and steps[0] == 0, steps  # window 0 at least
+    assert set(rows["hvtrace/late_rank"].dropna().astype(int)) <= {0, 1}
+    a = analyze(load_run(traced.trace_dir), skip_steps=0)
+    offline = a.per_step.set_index("step")["step_ms"]
+    for step, ms in zip(steps, rows["hvtrace/step_ms"], strict=True):
+        assert ms == pytest.approx(offline[step], rel=0.05, abs=0.5), (step, ms, offline[step])
 
 
 def test_step_phases_follow_each_other(traced: Job) -> None:

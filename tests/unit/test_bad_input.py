@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import rewrite_header as _rewrite_header
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hvtrace.cli import main as cli_main
 from hvtrace.format.compact import compact_run
-from hvtrace.format.schema import HEADER_KEY, TRACE_SUFFIXES
+from hvtrace.format.schema import TRACE_SUFFIXES
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 BALANCED = SAMPLES / "balanced_2rank"
@@ -123,39 +124,6 @@ def test_flipped_bytes(tmp_path: Path, capsys, data) -> None:
     run = _copy(data.draw(st.sampled_from([BALANCED, SLOW])), tmp_path / "run")
     _flip_bytes(run, data)
     _analyze(run, capsys, "flipped bytes")
-
-
-def _rewrite_header(path: Path, edit) -> None:
-    """Rewrite a trace file with its header JSON changed by ``edit`` (dict -> dict or bytes)."""
-    import pyarrow as pa
-
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        meta = dict(pq.read_metadata(path).metadata)
-        meta.pop(b"ARROW:schema")
-        new = edit(json.loads(meta[HEADER_KEY]))
-        if new is None:
-            meta.pop(HEADER_KEY)
-        else:
-            meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
-        pq.write_table(table.replace_schema_metadata(meta), path)
-        return
-    # read a copy, not a memory map: the file is rewritten below while the batches are alive
-    reader = pa.ipc.open_stream(pa.py_buffer(path.read_bytes()))
-    schema = reader.schema
-    batches = list(reader)
-    header = json.loads(schema.metadata[HEADER_KEY])
-    new = edit(header)
-    meta = dict(schema.metadata)
-    if new is None:
-        meta.pop(HEADER_KEY)
-    else:
-        meta[HEADER_KEY] = new if isinstance(new, bytes) else json.dumps(new).encode()
-    with open(path, "wb") as f, pa.ipc.new_stream(f, schema.with_metadata(meta)) as w:
-        for b in batches:
-            w.write_batch(b)
 
 
 HEADER_EDITS = {

@@ -66,6 +66,14 @@ def test_every_finding_kind_is_documented_and_every_documented_kind_is_raised() 
         assert v.severity.split()[0].rstrip(";") in ("warning", "info"), (k, v.severity)
 
 
+def test_every_tensorboard_scalar_is_documented() -> None:
+    from hvtrace.format.tensorboard import SCALARS
+
+    page = (ROOT / "docs" / "tensorboard.md").read_text(encoding="utf-8")
+    for tag in SCALARS:
+        assert f"| `{tag}` |" in page, tag
+
+
 def test_every_hvtrace_variable_the_code_reads_is_documented() -> None:
     names = set()
     for path in [*PKG.rglob("*.py"), *(ROOT / "hvtrace_boot").rglob("*.py")]:

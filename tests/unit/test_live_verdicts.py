@@ -295,6 +295,44 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
     mon._stop_judge()
 
 
+def test_the_judge_process_writes_each_steps_figures_once_to_tensorboard_and_back(
+    monkeypatch, tmp_path
+) -> None:
+    """Where HVTRACE_TENSORBOARD is set, the judge process writes every step of the windows it
+    judges as TensorBoard scalars, once each however the decision windows overlap (a 10-step
+    window is decided with the one before), and rank 0's figure listeners get the same points:
+    the late rank is the slow one, lateness and step time its 20 ms."""
+    pytest.importorskip("tensorboardX")
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    monkeypatch.setenv("HVTRACE_TENSORBOARD", str(tmp_path / "tb"))
+    monkeypatch.setattr(live, "_callbacks", [])
+    monkeypatch.setattr(live, "_figure_listeners", [])
+    got: list = []
+    live.on_window_figures(got.extend)
+    live.on_window_figures(lambda pts: 1 / 0)  # a broken listener is logged, never raised
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.tracer, mon.hosts = SimpleNamespace(rec=SimpleNamespace(enabled=False)), {0: "a", 1: "b"}
+    mon.init_verdicts()
+    mon.judge, mon._judge_proc, mon._judge_q = None, None, None
+    try:
+        for first, n, slow in ((20, 20, 20.0), (40, 10, 20.0), (50, 10, 0.0)):
+            mon._judge(np.vstack([_window(0.0, first, n), _window(slow, first, n)]), 2)
+    finally:
+        mon._stop_judge()
+    steps = [st for st, _ in got]
+    assert steps == list(range(20, 60))  # every step once, in order
+    by = dict(got)
+    assert by[45]["hvtrace/late_rank"] == 1 and by[45]["hvtrace/lateness_ms"] == pytest.approx(20)
+    assert by[55]["hvtrace/lateness_ms"] == pytest.approx(0, abs=1e-6)
+    assert by[45]["hvtrace/step_ms"] > by[55]["hvtrace/step_ms"]
+    assert "hvtrace/comm_compute_ratio" not in by[45]  # a live window has no allreduce times
+    acc = ea_mod.EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    late = acc.Scalars("hvtrace/lateness_ms")
+    assert [e.step for e in late] == steps
+    assert [e.value for e in late] == pytest.approx([by[s]["hvtrace/lateness_ms"] for s in steps])
+
+
 def test_live_records_merge_once_each_and_drop_junk() -> None:
     a = {"event": "late", "rank": 1, "first_step": 40}
     b = {"event": "recovered", "rank": 1, "first_step": 80}

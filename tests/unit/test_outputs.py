@@ -138,10 +138,10 @@ EVIL = 'R</title><script>alert(1)</script><b>"x"'
 def test_dashboard_shows_trace_text_as_text(tmp_path: Path) -> None:
     """A run id, host or tensor name from a trace file never becomes markup in the page."""
     pytest.importorskip("dash")
+    from helpers import rewrite_header as _rewrite_header
     from helpers import synth_module
     from hvtrace_dashboard import figures
     from hvtrace_dashboard.app import create_app
-    from test_bad_input import _rewrite_header
 
     from hvtrace.load import load_run
 
@@ -158,7 +158,7 @@ def test_dashboard_shows_trace_text_as_text(tmp_path: Path) -> None:
 
 def test_terminal_output_shows_control_characters_escaped(tmp_path: Path, capsys) -> None:
     """Names, hosts and run ids cannot act on the terminal or forge report lines."""
-    from test_bad_input import _rewrite_header
+    from helpers import rewrite_header as _rewrite_header
 
     run = tmp_path / "run"
     shutil.copytree(SAMPLE, run)
