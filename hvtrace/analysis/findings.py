@@ -17,6 +17,7 @@ import pandas as pd
 
 from hvtrace.analysis.consistency import divergence_findings
 from hvtrace.analysis.links import link_words
+from hvtrace.analysis.lockstep import describe as describe_lockstep
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.outside import split_name
 from hvtrace.analysis.stragglers import (
@@ -78,6 +79,10 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
     within each."""
     out: list[Finding] = []
     out += _hangs(a)
+    out += [  # ranks that stopped taking the same steps
+        Finding("lockstep", "warning", describe_lockstep(b), float(b["step"]), "step", dict(b))
+        for b in a.lockstep
+    ]
     out += divergence_findings(a)  # ranks that stopped training the same model
     out += _run_state(a)
     rank0 = _rank0_blocking(a, config or StragglerConfig())
@@ -114,7 +119,7 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
 
 
 #: Findings about whether the job is correct or complete: first, whatever their time cost.
-CORRECTNESS_KINDS: Final = ("hang", "stall", "divergence", "incomplete", "dropped")
+CORRECTNESS_KINDS: Final = ("hang", "stall", "lockstep", "divergence", "incomplete", "dropped")
 
 
 def finding_cost(f: Finding, step_ms: float) -> tuple[float | None, float | None]:

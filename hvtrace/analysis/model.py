@@ -60,6 +60,21 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "Find what the late ranks did at that step (checkpoint, evaluation, data loading on one "
         "rank, a slow file system); do it on every rank at once or off the training loop.",
     ),
+    "lockstep": FindingKind(
+        "Ranks out of lockstep",
+        "warning",
+        "The ranks stopped taking the same steps: a rank whose file was closed cleanly stopped "
+        "at an earlier step than the others (and, if it called hvd.join, left them training "
+        "alone), or, at the first step every rank recorded whole, a rank issued a different "
+        "number of gradient allreduces or other collectives (a step with no backward and no "
+        "allreduce is a skipped step). Horovod does not check this: from there on the ranks' "
+        "collectives pair with other steps' and their models part, often with exit 0.",
+        "None in time: the training is wrong from that step on. `data.step` is the step, "
+        "`data.ranks` the ranks that did differently.",
+        "Take every decision that changes the step sequence (stop early, skip a batch, "
+        "accumulate) on every rank, from a value reduced across ranks (an averaged metric), "
+        "never on one rank's own view.",
+    ),
     "divergence": FindingKind(
         "Ranks that stopped training the same model",
         "warning (info when only monitored values differ)",
@@ -319,6 +334,9 @@ class Analysis:
     #: Live straggler verdicts the job logged while it ran (:mod:`hvtrace.record.live`, from rank
     #: 0's file), in order: ``event`` (late / recovered), ``rank``, ``first_step``, ...
     live: list[dict[str, Any]] = field(default_factory=list)
+    #: Ranks out of lockstep (:func:`hvtrace.analysis.lockstep.lockstep_breaks`): where a rank
+    #: stopped taking the steps the others took (empty when they kept in step, or for a frame).
+    lockstep: list[dict[str, Any]] = field(default_factory=list)
     #: Elastic Horovod: the membership epochs, each with its own analysis, when the run had
     #: more than one (:mod:`hvtrace.analysis.membership`; empty otherwise). The resets are
     #: ``reset`` findings.

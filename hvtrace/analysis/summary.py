@@ -24,6 +24,7 @@ from hvtrace.analysis.bandwidth import (
 from hvtrace.analysis.findings import make_findings
 from hvtrace.analysis.hangs import find_hangs
 from hvtrace.analysis.links import connection_rows, limiting_link, link_table
+from hvtrace.analysis.lockstep import lockstep_breaks
 from hvtrace.analysis.model import Analysis, Finding, RankState
 from hvtrace.analysis.outside import merge_partials, outside_table
 from hvtrace.analysis.steps import (
@@ -411,6 +412,15 @@ def analyze(
         for r, f in sorted(run.files.items())
     ]
     a.in_progress = bool(getattr(run, "live", False))
+    if not a.in_progress:  # a run being written has ranks at different steps by nature
+        from hvtrace.analysis.membership import epochs
+
+        a.lockstep = lockstep_breaks(
+            summ.steps,
+            merge_partials([summ.outside]) if summ.outside is not None else None,
+            a.rank_states,
+            elastic=len(epochs(run)[0]) > 1,
+        )
     a.findings = make_findings(a, config)  # again, now with the run's state
     if membership:
         from hvtrace.analysis import membership as _membership

@@ -176,6 +176,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--stop-step", type=int, default=10)
     p.add_argument(
+        "--end-early-rank",
+        type=int,
+        default=None,
+        help="this rank alone leaves the loop at --stop-step and calls hvd.join() (a stop "
+        "decided on one rank: the others train on alone); every rank joins after its loop",
+    )
+    p.add_argument(
+        "--skip-backward-rank",
+        type=int,
+        default=None,
+        help="this rank alone skips the backward of --stop-step but still steps the optimizer "
+        "(a 'bad loss' guard on one rank: from then on its allreduces pair with the others' of "
+        "the next step); every rank joins after its loop",
+    )
+    p.add_argument(
         "--lone-allreduce-rank",
         type=int,
         default=None,
@@ -401,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             if rank == args.stop_rank and i == args.stop_step:
                 os.kill(os.getpid(), signal.SIGSTOP)  # a rank that stops arriving (a hang)
+            if rank == args.end_early_rank and i == args.stop_step:
+                break  # a stop decided on this rank alone
             if rank == args.perturb_rank and i == args.perturb_step:
                 with torch.no_grad():  # weights changed on this rank only
                     dict(core.named_parameters())[args.perturb_tensor].view(-1)[0] += 1e-3
@@ -415,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                     if slow and args.slow_phase == "input":
                         delay(args.slow_ms / 1e3, args.slow_kind)
                 loss = loss_fn(model(x), y) / args.bpps
-                loss.backward()
+                if not (rank == args.skip_backward_rank and i == args.stop_step):
+                    loss.backward()
             if args.clip:
                 opt.synchronize()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -445,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                     timeline_on = _toggle_horovod_timeline(hvd, tracer, timeline_on, i)
                 else:
                     _toggle_recording(tracer)
+        if args.end_early_rank is not None or args.skip_backward_rank is not None:
+            hvd.join()  # the uneven-data pattern: no rank waits forever for the others
         t_loop_end = time.perf_counter()
         loop_cpu_s = time.process_time() - cpu0
     writer = tracer.rec.writer if tracer is not None else None

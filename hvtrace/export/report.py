@@ -388,7 +388,9 @@ def format_report(
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
     for f in a.findings:
-        if f.kind in ("hang", "reset") or (f.kind == "divergence" and f.severity == "warning"):
+        if f.kind in ("hang", "reset", "lockstep") or (
+            f.kind == "divergence" and f.severity == "warning"
+        ):
             L += wrap(f.message, w, "! ", "  ")  # at the top
     L += _gain_lines(a, w)
 
@@ -617,6 +619,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
     lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks that did
     not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
+    ``lockstep`` (where ranks fell out of step: :mod:`hvtrace.analysis.lockstep`),
     ``consistency`` (what was compared across ranks: parameter checks, steps and tensors,
     learning-rate steps and groups, values that must agree; and the divergences, first step first:
     :func:`hvtrace.analysis.consistency.check`), ``communication`` (per-step aggregates and the
@@ -664,6 +667,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "findings": [f.to_dict() for f in a.findings],
             "whatif": dict(a.whatif),
             "hangs": list(a.hangs),
+            "lockstep": list(a.lockstep),
             "consistency": dict(a.consistency),
             "horovod_timeline": dict(a.horovod_timeline),
             "live": list(a.live),
