@@ -147,6 +147,10 @@ def window_points(gathered: np.ndarray, size: int, after_step: int | None = None
     return step_points(step_summary(st), after_step)
 
 
+class _FiguresFailed(Exception):
+    """The window's figures could not be computed (said once on stderr)."""
+
+
 class _Figures:
     """The judge's per-step figures: written to ``HVTRACE_TENSORBOARD`` where it is set, and
     sent back to rank 0 when it asks (a Lightning job's logger); each step once, however the
@@ -159,9 +163,16 @@ class _Figures:
         self.last_step: int | None = None
 
     def points(self, gathered: np.ndarray, size: int, wanted: bool) -> Points:
-        if not wanted and (not self.log_dir or self.failed):
+        """The window's new points (written where asked); raises :class:`_FiguresFailed`, once,
+        when they cannot be computed (the verdicts do not depend on them)."""
+        if self.failed or (not wanted and not self.log_dir):
             return []
-        pts = window_points(gathered, size, self.last_step)
+        try:
+            pts = window_points(gathered, size, self.last_step)
+        except Exception as exc:
+            self.failed = True
+            sys.stderr.write(f"hvtrace: live figures stopped: {type(exc).__name__}: {exc}\n")
+            raise _FiguresFailed from exc
         if pts:
             self.last_step = pts[-1][0]
         if self.log_dir and not self.failed and pts:
@@ -179,7 +190,6 @@ def main() -> int:
     """Answer windows until stdin closes, at the lowest CPU priority: the judge is never in a
     hurry, and on a host whose cores the ranks fill it must not slow rank 0 (which would then
     be named the straggler for the judge's own work)."""
-
     try:
         os.nice(19)
     except OSError:
@@ -199,6 +209,8 @@ def main() -> int:
             size = int(meta["size"])
             res: dict[str, Any] = {"verdicts": verdicts(gathered, size, hosts)}
             res["figures"] = figures.points(gathered, size, bool(meta.get("figures")))
+        except _FiguresFailed:
+            res["figures"] = []  # the verdicts stand; the figures are off from now on
         except Exception as exc:  # noqa: BLE001 - one bad window does not end live detection
             res = {"error": f"{type(exc).__name__}: {exc}"}
         out.write(json.dumps(res) + "\n")
