@@ -187,8 +187,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="this rank alone skips the backward of --stop-step but still steps the optimizer "
-        "(a 'bad loss' guard on one rank: from then on its allreduces pair with the others' of "
-        "the next step); every rank joins after its loop",
+        "(Horovod allreduces zeros for its missing gradients: the ranks stay in step); every "
+        "rank joins after its loop",
+    )
+    p.add_argument(
+        "--skip-step-rank",
+        type=int,
+        default=None,
+        help="this rank alone skips --stop-step after its forward (a 'bad loss' guard on one "
+        "rank: no backward, no optimizer step, so it takes one step fewer and its allreduces "
+        "pair with the others' of the step before); every rank joins after its loop",
     )
     p.add_argument(
         "--lone-allreduce-rank",
@@ -432,8 +440,12 @@ def main(argv: list[str] | None = None) -> int:
                     if slow and args.slow_phase == "input":
                         delay(args.slow_ms / 1e3, args.slow_kind)
                 loss = loss_fn(model(x), y) / args.bpps
+                if rank == args.skip_step_rank and i == args.stop_step:
+                    break  # leaves the micro-batches; the step is skipped below
                 if not (rank == args.skip_backward_rank and i == args.stop_step):
                     loss.backward()
+            if rank == args.skip_step_rank and i == args.stop_step:
+                continue  # no backward, no optimizer step on this rank
             if args.clip:
                 opt.synchronize()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -463,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                     timeline_on = _toggle_horovod_timeline(hvd, tracer, timeline_on, i)
                 else:
                     _toggle_recording(tracer)
-        if args.end_early_rank is not None or args.skip_backward_rank is not None:
+        if {args.end_early_rank, args.skip_backward_rank, args.skip_step_rank} != {None}:
             hvd.join()  # the uneven-data pattern: no rank waits forever for the others
         t_loop_end = time.perf_counter()
         loop_cpu_s = time.process_time() - cpu0

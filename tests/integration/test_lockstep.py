@@ -1,12 +1,11 @@
 """Ranks out of lockstep, under real ``horovodrun -np 2 --gloo`` (issue 44).
 
-Two jobs whose ranks stop taking the same steps, as user code does by deciding on one rank's
-view, and that Horovod lets finish with exit 0 (every rank calls ``hvd.join()`` after its loop,
-the pattern for uneven data): rank 0 leaves the loop at step 12 (the others train on alone), and
-rank 1 skips the backward of step 12 but steps the optimizer (a "bad loss" guard), so its
-allreduces pair with the others' of the next step from then on. Each must be named at its rank
-and step; the same job without the fault (the run every other test of the example makes) stays
-quiet.
+Jobs whose ranks stop taking the same steps, as user code does by deciding on one rank's view,
+and that Horovod lets finish with exit 0 (every rank calls ``hvd.join()`` after its loop, the
+pattern for uneven data): rank 0 leaves the loop at step 12 (the others train on alone); rank 1
+skips its step 12 after the forward (a "bad loss" guard: one optimizer step fewer). Each must be
+named at its rank and step. Quiet: the same job without the fault, and a rank that skips only
+its backward (Horovod allreduces zeros for it: the ranks stay in step).
 """
 
 from __future__ import annotations
@@ -47,12 +46,28 @@ def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(tmp_path_factory
     )
 
 
-def test_a_rank_that_skips_a_backward_is_named_at_its_step(tmp_path_factory) -> None:
-    breaks, findings = _lockstep(_job(tmp_path_factory, "skip", "--skip-backward-rank", "1"))
-    assert [(b["kind"], b["ranks"], b["step"], b["skipped"]) for b in breaks] == [
-        ("sequence", [1], 12, True)
+def test_a_rank_that_skips_a_step_is_named_with_the_step_it_is_short(tmp_path_factory) -> None:
+    """A rank that skips its optimizer step once takes one step fewer: its allreduces pair with
+    the others' of the step before from then on, and its last step pairs with nothing (it
+    joins). hvtrace's steps are the optimizer's, and each of the skipping rank's is whole, so
+    it is seen where the counts part: the rank ends a step early (the skipped step itself is not
+    named)."""
+    breaks, findings = _lockstep(_job(tmp_path_factory, "skipstep", "--skip-step-rank", "1"))
+    assert [(b["kind"], b["ranks"], b["step"], b["others"]) for b in breaks] == [
+        ("stopped", [1], 28, [0])
     ], breaks
-    assert "rank 1 skipped step 12 (no backward, no allreduce)" in findings[0].message
+    assert breaks[0]["joined"] and breaks[0]["steps_without"] == 1
+    assert "rank 1 stopped training after step 28 while rank 0 went on to step 29" in (
+        findings[0].message
+    )
+
+
+def test_a_rank_that_skips_a_backward_stays_in_step(tmp_path_factory) -> None:
+    """Without its backward a rank still steps the optimizer, and Horovod's synchronize
+    allreduces zeros for the gradients it lacks: the ranks stay in step (and apply the same
+    averaged gradients), so no lockstep finding."""
+    breaks, findings = _lockstep(_job(tmp_path_factory, "skipbwd", "--skip-backward-rank", "1"))
+    assert breaks == [] and findings == []
 
 
 def test_the_same_job_without_the_fault_is_quiet(tmp_path_factory) -> None:
