@@ -195,8 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="this rank alone skips --stop-step after its forward (a 'bad loss' guard on one "
-        "rank: no backward, no optimizer step, so it takes one step fewer and its allreduces "
-        "pair with the others' of the step before); every rank joins after its loop",
+        "rank: no backward, no optimizer step, so it takes one optimizer step fewer than the "
+        "others); every rank joins after its loop",
     )
     p.add_argument(
         "--lone-allreduce-rank",
