@@ -28,14 +28,13 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.steps import PHASES as STEP_PHASES
-from hvtrace.analysis.steps import finish_steps
+from hvtrace.analysis.steps import finish_steps, step_summary
 from hvtrace.analysis.stragglers import (
     StragglerConfig,
     find_stragglers,
     host_contention,
     straggler_table,
 )
-from hvtrace.analysis.summary import step_summary
 from hvtrace.format.schema import LIVE_ARRIVAL_COL, LIVE_COLS, LIVE_PHASES
 from hvtrace.format.tensorboard import Points, add_points, step_points, summary_writer
 

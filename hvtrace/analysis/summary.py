@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from hvtrace.analysis import consistency, hvd_timeline
@@ -28,8 +27,10 @@ from hvtrace.analysis.lockstep import lockstep_breaks
 from hvtrace.analysis.model import Analysis, Finding, RankState
 from hvtrace.analysis.outside import merge_partials, outside_table
 from hvtrace.analysis.steps import (
+    COMM_BOUND_SHARE,
     analyzed_steps,
     rank_summary,
+    step_summary,
     user_summary,
 )
 from hvtrace.analysis.stragglers import (
@@ -46,75 +47,6 @@ from hvtrace.analysis.stragglers import (
 )
 from hvtrace.analysis.whatif import add_costs, step_model, whatif_summary
 from hvtrace.selection import StepRange
-
-#: A step counts as communication-bound when the last rank to arrive (which waited for nobody)
-#: still spends at least this share of the step blocked in ``synchronize()``.
-COMM_BOUND_SHARE = 0.25
-
-
-def step_summary(steps: pd.DataFrame, comm_bound_share: float = COMM_BOUND_SHARE) -> pd.DataFrame:
-    """Return one row per step, across ranks (times in ms).
-
-    Columns: ``step``, ``ranks`` (ranks with the complete step), ``step_ms`` (median over
-    ranks), ``last_rank`` (the rank whose last gradient was ready last; -1 if unknown),
-    ``spread_ms`` (its lateness: how long the first rank waited for it), and, for that last rank,
-    which waited for nobody: ``exposed_ms`` (its ``synchronize()`` wait and its time blocked in
-    collectives outside the optimizer: communication not hidden), ``comm_ms`` (its union of
-    allreduces and collectives), ``model_ms``, ``comm_compute_ratio``, ``overlap``;
-    ``exposed_share`` = exposed / step and ``comm_bound`` = exposed_share >= ``comm_bound_share``.
-    """
-    s = steps[steps["complete"]]
-    cols = [
-        "step",
-        "ranks",
-        "step_ms",
-        "last_rank",
-        "spread_ms",
-        "exposed_ms",
-        "comm_ms",
-        "model_ms",
-        "comm_compute_ratio",
-        "overlap",
-        "exposed_share",
-        "comm_bound",
-    ]
-    if s.empty:
-        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
-    g = s.groupby("step", sort=True)
-    out = pd.DataFrame({"ranks": g.size(), "step_ms": g["step_ns"].median() / 1e6})
-    # the last rank of each step (largest lateness); steps without arrivals fall back to rank -1
-    has = s[s["lateness_ns"].notna()]
-    if len(has):
-        idx = has.groupby("step")["lateness_ns"].idxmax()
-        last = has.loc[idx.to_numpy()].set_index("step")
-    else:
-        last = pd.DataFrame(
-            columns=[
-                "rank",
-                "lateness_ns",
-                "wait_ns",
-                "collective_wait_ns",
-                "comm_ns",
-                "model_ns",
-                "overlap",
-            ]
-        )
-    out["last_rank"] = last["rank"].reindex(out.index).fillna(-1).astype(np.int64)
-    out["spread_ms"] = last["lateness_ns"].reindex(out.index) / 1e6
-    ref = last.reindex(out.index)
-    if len(has) < len(s):  # steps with no allreduce: use the rank medians
-        med = g[["wait_ns", "collective_wait_ns", "comm_ns", "model_ns", "overlap"]].median()
-        for c in med.columns:
-            ref[c] = ref[c].astype("float64").fillna(med[c])
-    exposed = ref["wait_ns"].astype("float64") + ref["collective_wait_ns"].astype("float64")
-    out["exposed_ms"] = exposed / 1e6
-    out["comm_ms"] = ref["comm_ns"].astype("float64") / 1e6
-    out["model_ms"] = ref["model_ns"].astype("float64") / 1e6
-    out["comm_compute_ratio"] = out["comm_ms"] / out["model_ms"].where(out["model_ms"] > 0)
-    out["overlap"] = ref["overlap"].astype("float64")
-    out["exposed_share"] = out["exposed_ms"] / out["step_ms"].where(out["step_ms"] > 0)
-    out["comm_bound"] = out["exposed_share"] >= comm_bound_share
-    return out.reset_index()[cols]
 
 
 def analyze_tables(

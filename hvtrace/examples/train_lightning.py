@@ -65,6 +65,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="EarlyStopping on val_loss (never stopping these runs), and with --ckpt-dir a "
         "ModelCheckpoint keeping the best by val_loss",
     )
+    p.add_argument(
+        "--stop-rank0-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="a callback sets trainer.should_stop on rank 0 alone at this global step (a stop "
+        "decided on one rank's view: the other ranks train on)",
+    )
     p.add_argument("--log-dir", default=None, help="CSV logger here (log every 5 steps)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
     p.add_argument(
@@ -85,6 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="log each rank's own val_loss (on its own validation shard), not the average",
     )
     return p.parse_args(argv)
+
+
+def _stop_on_rank0(step: int) -> Any:
+    """A callback that stops the fit on this rank at ``step`` (given to rank 0's Trainer only)."""
+    import pytorch_lightning as pl
+
+    class StopOnRank0(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            if trainer.global_step >= step:
+                trainer.should_stop = True
+
+    return StopOnRank0()
 
 
 def _module_class() -> type:
@@ -215,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, monitor="val_loss"))
         else:
             callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1))
+    if args.stop_rank0_at is not None and rank == 0:
+        callbacks.append(_stop_on_rank0(args.stop_rank0_at))
     if args.early_stopping:
         from pytorch_lightning.callbacks import EarlyStopping
 
