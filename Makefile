@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.hvtrace-setup
 NP     ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-cluster test lint unit docs bench samples clean
+.PHONY: setup demo demo-cluster test test-busy lint unit docs bench samples clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ test: setup
 	$(VENV)/bin/lint-imports
 	$(MAKE) docs
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## test-busy: the integration tests with a busy neighbour (a process keeping one core busy the
+## whole time): what a timing-dependent test must also pass
+test-busy: setup
+	$(PY) -m pytest tests/integration --busy-neighbour $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -6,6 +6,9 @@
 - Tests marked ``gpu`` are skipped without a CUDA device.
 - After every test the process-wide active recorder is reset, so one test's recorder never
   records another test's spans.
+- ``--busy-neighbour`` (``make test-busy``): a process keeps one core busy for the whole session,
+  free to move between cores, as another job or a browser does on a user's machine; a test that
+  depends on timing must pass with it (issue 39).
 """
 
 from __future__ import annotations
@@ -20,6 +23,37 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 from helpers import horovod_unavailable_reason  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--busy-neighbour",
+        action="store_true",
+        help="keep one core busy with another process for the whole session (a busy machine)",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _busy_neighbour(request: pytest.FixtureRequest):
+    """With ``--busy-neighbour``: a process spinning on one core (free to move) meanwhile."""
+    if not request.config.getoption("--busy-neighbour"):
+        yield
+        return
+    import subprocess
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.2)
+    assert p.poll() is None, "the busy neighbour did not start"
+    try:
+        yield
+    finally:
+        p.kill()
+        p.wait()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("pytorch_lightning")
 
-from hvtrace.lightning import HvtraceCallback  # noqa: E402
-from hvtrace.record import live  # noqa: E402
+from hvtrace.lightning import HvtraceCallback
+from hvtrace.record import live
 
 
 class _Logger:
