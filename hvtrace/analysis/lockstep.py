@@ -64,6 +64,8 @@ def lockstep_breaks(
 
 def _stopped(st: pd.DataFrame, partials: pd.DataFrame | None) -> list[dict[str, Any]]:
     taken = st[st["step_ns"].notna()]  # steps the rank finished (not an input gap after its last)
+    if taken.empty:
+        return []
     last = taken.groupby("rank")["step"].max()
     end = int(last.max())
     went_on = sorted(int(r) for r in last.index[last == end])

@@ -113,3 +113,12 @@ def test_a_rank_with_an_input_gap_after_its_last_step_did_not_go_on() -> None:
                            "n_collective": 0, "backward_ns": 0.0, "compute_ns": 0.0}  # fmt: skip
 
     assert lockstep_breaks(_steps(last, edit=gap), None, _states(last)) == []
+
+
+def test_a_table_without_a_finished_step_gets_nothing_not_an_error() -> None:
+    last = {0: 3, 1: 3}
+
+    def unfinished(st: pd.DataFrame) -> None:
+        st["step_ns"] = np.nan
+
+    assert lockstep_breaks(_steps(last, edit=unfinished), None, _states(last)) == []
