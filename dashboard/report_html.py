@@ -273,32 +273,25 @@ def render_html(run: Run, a: Analysis) -> str:
     from hvtrace_dashboard.app import DashboardData
 
     data = DashboardData.from_analysis(run, a)
-    figs: list[tuple[str, str, Any]] = []
-    for key in data.heat:
-        figs.append(("heat-" + key, "", data.heatmap(key)))
+    figs: list[tuple[str, Any]] = [("heat-" + key, data.heatmap(key)) for key in data.heat]
     builders = data.figure_builders()
-    for name, title in (
-        ("ratio_rank", "Per rank"),
-        ("ratio_steps", "Over steps"),
-        ("tensors", "Allreduce per tensor"),
-        ("timeline", "Timeline around the slowest step"),
-    ):
+    for name in ("ratio_rank", "ratio_steps", "tensors", "timeline"):
         try:
-            figs.append((name, title, builders[name]()))
+            figs.append((name, builders[name]()))
         except Exception as exc:  # noqa: BLE001 - a chart that cannot be drawn is said; the page stays
             log.warning("hvtrace: the %s chart could not be drawn: %s", name, exc)
     fig_html = {
         name: f'<div class="fig" id="fig-{_e(name)}"></div>'
         f'<script type="application/json" data-fig="fig-{_e(name)}">'
         f"{_script_json(fig.to_json())}</script>"
-        for name, _, fig in figs
+        for name, fig in figs
     }
     cards = "".join(
         f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div></div>'
         for k, v in data.summary.items()
     )
     problems = "".join(f"<li class='warning'>{_e(p)}</li>" for p in a.problems)
-    heat = "".join(fig_html[n] for n, _, _ in figs if n.startswith("heat-"))
+    heat = "".join(fig_html[n] for n, _ in figs if n.startswith("heat-"))
     first, last, count = a.analyzed_step_numbers
     steps = f"steps {first}..{last} analyzed ({count} steps)" if count else "no complete step"
     title = f"hvtrace · run {a.run_id or run.run_id}"

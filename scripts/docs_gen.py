@@ -104,6 +104,7 @@ def cli_page() -> str:
 
 def findings_page() -> str:
     """Every kind of finding, from :data:`hvtrace.analysis.model.FINDING_KINDS`."""
+    from hvtrace.analysis.findings import CORRECTNESS_KINDS
     from hvtrace.analysis.model import FINDING_KINDS
 
     out = [
@@ -113,10 +114,10 @@ def findings_page() -> str:
         "(`hvtrace.analysis.model.FINDING_KINDS`; a test fails when the analysis raises a kind "
         "that is not in it). In the report a finding is one line, `!` for a warning, `-` for "
         "a note; in the JSON (`findings`) it has `kind`, `severity`, `message`, `value` with its "
-        "`unit`, and `data`. Warnings come first: whether the job is correct (hang, stall, "
-        "divergence, an incomplete run, dropped spans), then the rest by what each costs, the "
-        "costliest first; every finding with a time cost carries `data.cost_ms_per_step` and "
-        "`data.cost_share` (its share of the run).",
+        "`unit`, and `data`. Warnings come first: whether the job is correct ("
+        + ", ".join(f"`{k}`" for k in CORRECTNESS_KINDS)
+        + "), then the rest by what each costs, the costliest first; every finding with a time "
+        "cost carries `data.cost_ms_per_step` and `data.cost_share` (its share of the run).",
         "",
         "| kind | severity |",
         "| --- | --- |",

@@ -156,9 +156,9 @@ class _Figures:
     decision windows overlap."""
 
     def __init__(self, log_dir: str) -> None:
-        self.log_dir = log_dir
+        self.log_dir = log_dir  # emptied when writing there fails
         self.writer: Any = None
-        self.failed = False
+        self.failed = False  # the figures could not be computed: none from now on
         self.last_step: int | None = None
 
     def points(self, gathered: np.ndarray, size: int, wanted: bool) -> Points:
@@ -174,13 +174,13 @@ class _Figures:
             raise _FiguresFailed from exc
         if pts:
             self.last_step = pts[-1][0]
-        if self.log_dir and not self.failed and pts:
+        if self.log_dir and pts:
             try:
                 if self.writer is None:
                     self.writer = summary_writer(self.log_dir)
                 add_points(self.writer, pts)
             except Exception as exc:  # noqa: BLE001 - TensorBoard output never ends live detection
-                self.failed = True
+                self.log_dir = ""  # rank 0's logger still gets the figures
                 sys.stderr.write(f"hvtrace: live TensorBoard output stopped: {exc}\n")
         return pts if wanted else []
 

@@ -263,7 +263,7 @@ class Analysis:
     - ``per_rank``: :func:`hvtrace.analysis.steps.rank_summary` plus ``host`` (ms);
     - ``users`` / ``user_per_rank``: :func:`~hvtrace.analysis.engine.user_table` (ns) /
       :func:`~hvtrace.analysis.steps.user_summary` (ms);
-    - ``per_step``: :func:`hvtrace.analysis.summary.step_summary` (one row per step, ms);
+    - ``per_step``: :func:`hvtrace.analysis.steps.step_summary` (one row per step, ms);
     - ``collectives`` / ``tensors`` / ``step_comm``: :mod:`hvtrace.analysis.bandwidth`;
     - ``verdicts``: :func:`hvtrace.analysis.stragglers.straggler_table` (every rank);
       ``stragglers``: the named ones; ``slow_hosts``: hosts whose ranks are all late (both with

@@ -349,7 +349,7 @@ def analyze(
 
         a.lockstep = lockstep_breaks(
             summ.steps,
-            merge_partials([summ.outside]) if summ.outside is not None else None,
+            summ.outside,
             a.rank_states,
             elastic=len(epochs(run)[0]) > 1,
         )

@@ -4,7 +4,7 @@ One definition of what hvtrace shows in TensorBoard, used after the run
 (``hvtrace analyze RUN --tensorboard DIR``, :mod:`hvtrace.export.tensorboard`) and while it runs
 (live detection's judge process writes each window's steps where ``HVTRACE_TENSORBOARD`` asks,
 :mod:`hvtrace.analysis.live`). The points are rows of the analysis' per-step table
-(:func:`hvtrace.analysis.summary.step_summary`), rendered, never recomputed; a live window has no
+(:func:`hvtrace.analysis.steps.step_summary`), rendered, never recomputed; a live window has no
 allreduce times, so its comm/compute and hidden share are left out there. Written with
 tensorboardX (the ``tensorboard`` extra), which needs neither torch nor TensorFlow.
 """
