@@ -1380,7 +1380,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 /* -- HandleWait: Horovod's module-level synchronize(handle), wrapped ---------------------------
  * The compiled form of hvtrace.record.hvdpatch's wrapper: calls Horovod's function unchanged,
  * then, while a traced optimizer is inside its own synchronize() (hvdpatch.observer is its
- * tracer), appends (handle, now()) to that tracer's done list. An error of hvtrace's goes to the
+ * tracer), appends (handle, monotonic ns) to that tracer's done list. An error of hvtrace's goes to the
  * tracer's fail(); Horovod's pass through unchanged. */
 typedef struct {
     PyObject_HEAD
@@ -1388,7 +1388,7 @@ typedef struct {
     PyObject *orig;
 } HandleWait;
 
-/* obs.done.append((handle, obs.now())): 0, or -1 with an error. The observer is a tracer (a
+/* obs.done.append((handle, monotonic_ns())): 0, or -1 with an error. The observer is a tracer (a
  * Phases: hvdpatch.observer is only ever set by a tracer's synchronize). */
 static int note_done(PyObject *obs, PyObject *handle) {
     if (!PyObject_TypeCheck(obs, &PhasesType)) {
@@ -1397,7 +1397,7 @@ static int note_done(PyObject *obs, PyObject *handle) {
     }
     Phases *ph = (Phases *)obs;
     if (list_field(ph->done, "done") < 0) return -1;
-    PyObject *t = ph_now(ph);
+    PyObject *t = PyLong_FromLongLong(mono_ns()); /* the host saw it return (hvdpatch's docs) */
     PyObject *pair = t ? PyTuple_Pack(2, handle, t) : NULL;
     PyObject *done = Py_NewRef(ph->done);
     int rc = pair == NULL ? -1 : PyList_Append(done, pair);

@@ -4,13 +4,17 @@ returns.
 ``horovod.torch.optimizer.synchronize`` is the name Horovod's optimizers call, once per handle,
 inside their ``synchronize()``. The wrapper calls Horovod's function unchanged; while a traced
 optimizer is inside its own ``synchronize()`` (and only then: untraced optimizers pay one global
-lookup), it appends ``(handle, now())`` to that optimizer's list of observed completions. Where
+lookup), it appends ``(handle, monotonic_ns())`` to that optimizer's list of observed completions:
+the host clock also under the CUDA timer, since what is noted is when the host saw the wait
+return (an event recorded there would fire only when the stream reached it, later where the
+device is behind, and would cost a record per tensor). Where
 :mod:`hvtrace.record._hot` is built (and ``$HVTRACE_NATIVE`` is on when the first tracer starts)
 the wrapper is its ``HandleWait``, which does the same in one compiled call.
 """
 
 from __future__ import annotations
 
+from time import monotonic_ns
 from typing import Any
 
 from hvtrace.record.native import hot_module
@@ -44,7 +48,7 @@ def wrap(orig: Any) -> Any:
         obs = observer
         if obs is not None:
             try:
-                obs.done.append((handle, obs.now()))
+                obs.done.append((handle, monotonic_ns()))
             except Exception as exc:  # noqa: BLE001 - never into training
                 obs.fail(exc)
         return out

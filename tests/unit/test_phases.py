@@ -14,6 +14,7 @@ order only. The real Horovod path runs in tests/integration (the compiled hooks 
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -430,15 +431,21 @@ def _waits(form: str, monkeypatch) -> dict[str, Any]:
         return f"result {handle}"
 
     wait = hvdpatch.wrap(horovod_wait)
-    job = Job(model=False)
+    job = Job(model=False, cuda=True)  # the timer's tokens are events: the waits are not
     tr = job.tr
     out = {"type": type(wait).__name__, "wrapped": wait.__wrapped__ is horovod_wait}
     out["unobserved"] = wait(1)  # no traced synchronize() running: nothing noted
     monkeypatch.setattr(hvdpatch, "observer", tr)
+    t0 = time.monotonic_ns()
     out["observed"] = [wait(2), wait(3)]
+    t1 = time.monotonic_ns()
     with pytest.raises(HorovodWaitError, match="handle -1 failed"):
         wait(-1)  # Horovod's own error, unchanged; nothing noted
-    out["done"] = list(tr.done)
+    # (handle, when the host saw the wait return: the monotonic clock, in order)
+    times = [t for _, t in tr.done]
+    out["done_on_host_clock"] = all(type(t) is int for t in times) and t0 <= min(times)
+    out["done_on_host_clock"] &= times == sorted(times) and max(times) <= t1
+    out["done"] = [h for h, _ in tr.done]
     tr.done = "not a list"  # hvtrace's own error: tracing off, Horovod's result still returned
     out["after_failure"] = wait(4)
     out["failures"] = list(tr.rec.failures)
@@ -455,7 +462,7 @@ def test_the_handle_wait_wrapper_notes_each_wait_in_both_forms(monkeypatch) -> N
     assert compiled == python
     assert compiled["wrapped"] and compiled["unobserved"] == "result 1"
     assert compiled["observed"] == ["result 2", "result 3"]
-    assert compiled["done"] == [(2, 2_000), (3, 3_000)]  # (handle, the tracer's now())
+    assert compiled["done"] == [2, 3] and compiled["done_on_host_clock"]
     assert compiled["after_failure"] == "result 4"
     assert [len(f) for f in failures] == [1, 1]
     assert "tracer.done is not a list" in failures[0][0] and "append" in failures[1][0]
