@@ -225,6 +225,8 @@ JUDGE_BACKLOG: Final = 4
 #: What the live thread's queue gives when nothing new came within its wait (a gathered window
 #: is not done yet: it looks again).
 _NOTHING_NEW: Final = object()
+#: To the judge thread: start the judge process now (rank 0's first steps; see _warm_judge).
+_WARM: Final = object()
 
 #: The live thread's looks at a gathered window that is not done yet: the first wait, then
 #: doubling to the last (a window's verdict is not needed sooner).
@@ -439,6 +441,7 @@ class LiveMonitor:
         reduced: list[np.ndarray] = []  # the current window's rows so far
         pending: deque[tuple[int, Any]] = deque()  # windows gathered, not yet done
         delay = WAIT_FIRST_S
+        warmed = False
         while True:
             try:
                 item = self._q.get(timeout=delay) if pending else self._q.get()
@@ -450,6 +453,9 @@ class LiveMonitor:
             try:
                 if type(item) is list:  # some steps' entries
                     reduced.append(step_matrix(item, self.offset_ns))
+                    if not warmed:
+                        warmed = True
+                        self._warm_judge(mpi_ops)
                 elif type(item) is int:  # the window's end: its number
                     matrix = np.concatenate(reduced) if reduced else np.empty((0, N_COLS))
                     reduced = []
@@ -502,18 +508,29 @@ class LiveMonitor:
             except Exception:  # noqa: BLE001
                 p.kill()
 
+    def _warm_judge(self, mpi_ops: Any) -> None:
+        """Rank 0, with the first steps handed over: start the judge thread, and the judge
+        process with it, so that the process's start (pandas' import: seconds at nice 19 on a
+        CPU the ranks fill) overlaps the first window instead of holding up its verdict (a short
+        job on a busy host otherwise ended before its first verdict came)."""
+        if mpi_ops.rank() == 0 and self.judge is None and self._judge_q is None:
+            self._skipped_put(self._start_judge_thread(), _WARM)
+
+    def _start_judge_thread(self) -> queue.Queue:
+        """The judge thread ("hvtrace-judge") and its queue."""
+        q = self._judge_q = queue.Queue(JUDGE_BACKLOG)
+        threading.Thread(
+            target=self._judge_loop, args=(q,), name="hvtrace-judge", daemon=True
+        ).start()
+        return q
+
     def _hand_to_judge(self, gathered: np.ndarray, size: int) -> None:
-        """Rank 0: hand the gathered window to the judge thread ("hvtrace-judge", started with
-        the first window), which decides the windows' verdicts in order. The judge process's
-        answer is waited for there, not on the live thread, which meanwhile reduces what the
-        training thread hands over: the first answer takes the judge process's start (pandas'
-        import: seconds on a CPU the rank's training shares)."""
-        if self._judge_q is None:
-            self._judge_q = queue.Queue(JUDGE_BACKLOG)
-            threading.Thread(
-                target=self._judge_loop, args=(self._judge_q,), name="hvtrace-judge", daemon=True
-            ).start()
-        self._skipped_put(self._judge_q, (gathered, size))
+        """Rank 0: hand the gathered window to the judge thread (started with the first steps,
+        or now), which decides the windows' verdicts in order. The judge process's answer is
+        waited for there, not on the live thread, which meanwhile reduces what the training
+        thread hands over."""
+        q = self._judge_q if self._judge_q is not None else self._start_judge_thread()
+        self._skipped_put(q, (gathered, size))
 
     def _skipped_put(self, q: queue.Queue, item: Any) -> None:
         """Put ``item``; where :data:`JUDGE_BACKLOG` windows already wait, the oldest is dropped
@@ -539,6 +556,10 @@ class LiveMonitor:
                 self._close_judge_proc()
                 return
             try:
+                if item is _WARM:
+                    if self._judge_proc is None:
+                        self._spawn_judge()
+                    continue
                 self._judge(*item)
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
@@ -550,17 +571,8 @@ class LiveMonitor:
         """The window's verdicts from the judge process (started on first use; see
         :mod:`hvtrace.analysis.live`): the pandas work never holds this process's GIL."""
         import json
-        import subprocess
-        import sys
 
-        if self._judge_proc is None:
-            self._judge_proc = subprocess.Popen(
-                [sys.executable, "-c", JUDGE_LAUNCH],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
-        p = self._judge_proc
+        p = self._judge_proc if self._judge_proc is not None else self._spawn_judge()
         assert p.stdin is not None and p.stdout is not None
         g = np.ascontiguousarray(gathered, dtype=np.float64)
         meta = {
@@ -587,6 +599,19 @@ class LiveMonitor:
                     "hvtrace: live figures listener failed: %s: %s", type(exc).__name__, exc
                 )
         return res["verdicts"]
+
+    def _spawn_judge(self) -> Any:
+        """Start the judge process (:data:`JUDGE_LAUNCH`)."""
+        import subprocess
+        import sys
+
+        self._judge_proc = subprocess.Popen(
+            [sys.executable, "-c", JUDGE_LAUNCH],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        return self._judge_proc
 
     def _decided_on(self, gathered: np.ndarray, size: int) -> np.ndarray:
         """The steps a verdict is decided on: this window, and the windows just before it while

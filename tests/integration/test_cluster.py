@@ -178,7 +178,7 @@ def test_a_slow_link_is_named_with_its_host(hosts, tmp_path: Path) -> None:
     bus bandwidth is within 15 % of the slow links' measured rate; and the communication-bound
     finding says the network is the limit and names host 2."""
     hosts("--hosts", "3", "--link-mbit", str(LINK_MBIT), "--link-hosts", "2")
-    _train_bytes(tmp_path / "run", 3)
+    _train_bytes(tmp_path / "run", 3, steps=6)  # ~2 s a step through the shaped link
     a = _analyzed(tmp_path / "run")
     msgs = [f.message for f in a.findings]
     lim = a.limiting_link
