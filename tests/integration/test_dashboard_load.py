@@ -1,4 +1,5 @@
-"""The dashboard under load: 20 concurrent clients on loopback for 30 seconds (bounded).
+"""The dashboard under load: 20 concurrent clients on loopback for 10 seconds (bounded;
+``HVTRACE_DEEP_TESTS=1``: 60 seconds).
 
 Each client loops over what a browser asks for: the page, Dash's layout and dependencies, and the
 heat-map and timeline callbacks with varying inputs. No request may fail; the p95 latency is
@@ -8,6 +9,7 @@ printed. Served by the real ``hvtrace dashboard`` command on a real recorded sam
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -21,7 +23,7 @@ import pytest
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "slow_rank1_forward_2rank"
 CLIENTS = 20
-DURATION_S = 30.0
+DURATION_S = 60.0 if os.environ.get("HVTRACE_DEEP_TESTS") == "1" else 10.0
 
 
 def _free_port() -> int:
@@ -81,7 +83,7 @@ def _requests(i: int, metrics: list[str]) -> list[tuple[str, bytes | None]]:
 
 
 @pytest.mark.browser
-def test_twenty_clients_for_thirty_seconds(tmp_path: Path) -> None:
+def test_twenty_clients_for_ten_seconds(tmp_path: Path) -> None:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed below
