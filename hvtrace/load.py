@@ -91,6 +91,10 @@ def span_sources(run: Run, steps: StepRange | None = None) -> list[RankSource]:
     """
     out = []
     for r, rf in sorted(run.files.items()):
+        lie = rf.check_step_statistics(steps)  # before any reader skips by them
+        if lie:
+            log.warning("%s", lie)
+            run.problems.append(lie)
         if rf.format == "parquet" and not rf.spans_read:
             out.append(
                 RankSource(
@@ -396,6 +400,8 @@ def open_run(
             problems.append(_problem(p, f"{rf.refused}; {rf.spans} spans kept before it"))
         elif rf.truncated or (not rf.complete and not live):
             problems.append(unclosed_problem(rf))
+        if rf.footer_problem:
+            problems.append(_problem(p, rf.footer_problem))
         if rf.dropped:
             problems.append(
                 _problem(p, f"the recorder dropped {rf.dropped} spans (the writer fell behind)")

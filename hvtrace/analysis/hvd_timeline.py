@@ -22,6 +22,7 @@ enqueue of the same tensor, same occurrence).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,23 @@ _TRANSFER = re.compile(r"^(GLOO|NCCL|MPI|CCL|DDL|ADASUM|ROCM|GPU)_")
 CLEAR_SPREAD_NS: Final = 5_000_000
 #: Longest tensor name kept.
 MAX_NAME: Final = 300
+#: Latest event time taken (µs since the timeline's start: about 31 years); a later, negative,
+#: NaN or infinite ``ts`` (JSON allows ``NaN``, ``Infinity``, ``1e300``) is implausible.
+MAX_TS_US: Final = 10**15
+
+
+def _ts_us(value: Any) -> int | None:
+    """An event's ``ts`` as whole µs, or None when it is not a plausible time."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value) if 0 <= value <= MAX_TS_US else None
+
+
+def _pid(value: Any) -> int | str | None:
+    """An event's ``pid`` when it can name a track (an integer or a string), else None."""
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else None
 
 
 class TimelineError(ValueError):
@@ -118,21 +136,24 @@ def _build(path: Path, events: list[dict], partial: str) -> Timeline:
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            if "name" in args:
+            if "name" in args and _pid(e.get("pid")) is not None:
                 names[e.get("pid")] = str(args["name"])[:MAX_NAME]
             v = args.get("start_time_since_epoch_in_micros")
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 62:
                 start_epoch = v
     stacks: dict[Any, list[tuple[str, int]]] = {}
     occ: dict[Any, int] = {}
     acts: list[tuple[str, int, str, int, int, int]] = []
     ready: list[tuple[str, int, int, int]] = []
-    bad = 0
+    bad = implausible = backwards = 0
     for e in events:
-        ph, pid, ts = e.get("ph"), e.get("pid"), e.get("ts")
-        if ph not in ("B", "E", "X") or not isinstance(ts, (int, float)) or pid not in names:
+        ph, pid = e.get("ph"), _pid(e.get("pid"))
+        if not isinstance(ph, str) or ph not in ("B", "E", "X") or pid not in names:
             continue
-        ts = int(ts)
+        ts = _ts_us(e.get("ts"))
+        if ts is None:  # NaN, Infinity, 1e300, negative, a string: left out, counted
+            implausible += 1
+            continue
         tensor = names[pid]
         stack = stacks.setdefault(pid, [])
         if ph == "B":
@@ -145,6 +166,9 @@ def _build(path: Path, events: list[dict], partial: str) -> Timeline:
                 bad += 1
                 continue
             name, t0 = stack.pop()
+            if ts < t0:  # an end before its begin: kept out of every figure
+                backwards += 1
+                continue
             acts.append((tensor, occ.get(pid, 0), name, len(stack), t0, ts))
         elif stack and stack[-1][0].startswith("NEGOTIATE_"):  # a rank's readiness
             try:
@@ -156,6 +180,13 @@ def _build(path: Path, events: list[dict], partial: str) -> Timeline:
     open_ = sum(len(s) for s in stacks.values())
     if bad:
         problems.append(f"{bad} end events without a begin")
+    if implausible:
+        problems.append(
+            f"{implausible} events with an implausible time (not a number from 0 to "
+            f"{MAX_TS_US:.0e} µs: NaN, Infinity, negative?) left out"
+        )
+    if backwards:
+        problems.append(f"{backwards} activities ending before they began left out")
     if open_ and not partial:
         problems.append(f"{open_} activities never ended")
     a = pd.DataFrame(acts, columns=["tensor", "occ", "activity", "depth", "start_us", "end_us"])

@@ -234,6 +234,7 @@ def _horovod_timeline_section(a: Analysis, w: int, max_rows: int = 6) -> list[st
         )
     if h.get("partial"):
         notes.append(f"partial: {printable(h['partial'])}.")
+    notes += [f"problem: {printable(str(p))}." for p in h.get("problems", [])]
     for n in notes:
         L += wrap(n, w)
     return L

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from hvtrace.clock import ClockEstimate
 from hvtrace.errors import TraceError
+from hvtrace.format.footer import FooterError, column_stats, read_footer
 from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
     COLUMNS,
@@ -100,6 +101,10 @@ class RankFile:
     #: A Parquet file's row groups as ``(min step, max step, rows)`` from its footer (None for a
     #: bound without statistics); empty for a stream.
     row_group_steps: list[tuple[int | None, int | None, int]] = field(default_factory=list)
+    #: Whether :meth:`check_step_statistics` compared the footer's step bounds with the rows.
+    steps_checked: bool = False
+    #: What a Parquet footer states wrongly that did not cost spans (its total row count); "".
+    footer_problem: str = ""
 
     def __post_init__(self) -> None:
         if not self.n_spans:
@@ -122,10 +127,57 @@ class RankFile:
         """
         if self.format != "parquet":
             return []
-        if self.row_group_steps:
-            return _meeting(self.row_group_steps, StepRange.of(steps))
+        return _meeting(self.row_group_steps, StepRange.of(steps))
+
+    def check_step_statistics(self, steps: StepRange | tuple[int, int | None] | None) -> str:
+        """Before a reader skips row groups by their footer's ``step`` min/max (``steps``
+        leaves some out), compare those bounds with the steps each row group holds (the
+        ``step`` column of every row group is read, nothing else). Statistics that lie (a
+        crafted footer would make a selection silently lose a rank) are not used: every span
+        is read into ``table`` with the careful reader (no engine prunes the file by them),
+        ``row_group_steps`` states the true bounds, and a one-line problem naming the file is
+        returned; "" when they hold (or nothing is skipped), checked once per file."""
+        steps = StepRange.of(steps)
+        if (
+            self.format != "parquet"
+            or self.spans_read
+            or self.steps_checked
+            or steps is None
+            or len(self.row_groups(steps)) == len(self.row_group_steps)
+        ):
+            return ""
+        self.steps_checked = True
+        lies = []
+        true_steps: list[tuple[int | None, int | None, int]] = []
+        groups = range(len(self.row_group_steps))
         with _open_parquet_file(self.path) as pf:
-            return _row_groups(pf.metadata, StepRange.of(steps))
+            try:  # the step column of every row group, at once (4 bytes a row, sorted)
+                col = pf.read_row_groups(groups, columns=["step"]).column("step")
+            except (pa.ArrowException, OSError, ValueError, TypeError, IndexError):
+                col = None  # a damaged row group: the careful reader of the spans says so
+            at = 0
+            for g, (lo, hi, n) in enumerate(self.row_group_steps):
+                part = col.slice(at, n) if col is not None and at + n <= len(col) else None
+                at += n
+                ok = part is not None and len(part) > part.null_count
+                mm = pc.min_max(part).as_py() if ok else {"min": None, "max": None}
+                t_lo, t_hi = mm["min"], mm["max"]
+                true_steps.append((t_lo, t_hi, n))
+                known = None not in (lo, hi, t_lo, t_hi)
+                if known and (t_lo < lo or t_hi > hi):  # type: ignore[operator]
+                    lies.append(f"row group {g} holds steps {t_lo}..{t_hi}, not {lo}..{hi}")
+            if not lies:
+                return ""
+            table, err = _read_row_groups(pf, groups, list(COLUMNS))
+        (self.table, self.missing), self.spans_read = complete_rows(table), True
+        self.row_group_steps = true_steps
+        if err is not None:
+            self.truncated, self.n_spans = True, self.table.num_rows
+        more = f" (and {len(lies) - 1} more)" if len(lies) > 1 else ""
+        return _problem(
+            self.path,
+            f"the footer's step statistics are wrong: {lies[0]}{more}; every row group read",
+        )
 
     def rows_in(self, steps: StepRange | tuple[int, int | None] | None = None) -> int:
         """Spans a reader of ``steps`` has to decode: the rows of the row groups that meet them
@@ -150,10 +202,13 @@ class RankFile:
         unknown = [c for c in cols if c not in COLUMNS]
         if unknown:
             raise ValueError(f"unknown span column(s) {unknown}; columns are {list(COLUMNS)}")
+        lie = self.check_step_statistics(steps)
+        if lie:
+            log.warning("%s", lie)
         if self.format == "parquet" and not self.spans_read:
             need = cols if steps is None or "step" in cols else [*cols, "step"]
             with _open_parquet_file(self.path) as pf:
-                groups = _row_groups(pf.metadata, steps)
+                groups = self.row_groups(steps)
                 table, err = _read_row_groups(pf, groups, need)
             if err is not None:
                 raise TraceError(_problem(self.path, err))
@@ -720,23 +775,68 @@ def plausible_row_groups(md: pq.FileMetaData) -> tuple[int | None, str]:
     return None, ""
 
 
+def _footer_steps(
+    path: Path, md: pq.FileMetaData
+) -> tuple[list[tuple[int | None, int | None, int]], int, int | None, str]:
+    """``(row_group_steps, nulls, n_ok, why)`` from a Parquet file's footer, read by
+    :mod:`hvtrace.format.footer` (pyarrow aborts the process on a statistic of the wrong
+    width): each row group's ``(min step, max step, rows)``, the nulls its statistics state in
+    :data:`REQUIRED_COLUMNS`, and ``(None, "")``, or the first row group whose statistics are
+    malformed (``n_ok``, never read: every reader would fail on it) and why."""
+    rows = [max(md.row_group(g).num_rows, 0) for g in range(md.num_row_groups)]
+    try:
+        stats = column_stats(read_footer(path), list(REQUIRED_COLUMNS))
+        n_ok, why = None, ""
+    except (FooterError, OSError) as exc:
+        g = getattr(exc, "group", None) or 0
+        stats, n_ok = [], g
+        why = f"the footer is malformed ({_short(exc)}): row groups from {g} on not read"
+        try:  # the row groups before it are usable
+            stats = column_stats(read_footer(path), list(REQUIRED_COLUMNS), upto=n_ok)
+        except (FooterError, OSError):
+            stats, n_ok = [], 0
+    steps: list[tuple[int | None, int | None, int]] = []
+    nulls = 0
+    for g, st in enumerate(stats[: len(rows)]):
+        step = st.get("step")
+        lo, hi = (step.min, step.max) if step is not None else (None, None)
+        steps.append((lo, hi, rows[g]))
+        nulls += sum(max(c.null_count or 0, 0) for c in st.values())
+    if n_ok is None and len(steps) < len(rows):  # the footer parsed has fewer row groups
+        n_ok = len(steps)
+        why = f"the footer is malformed: row groups from {n_ok} on not read"
+    bad = [g for g in range(md.num_row_groups) if md.row_group(g).num_rows < 0]
+    if bad and (n_ok is None or bad[0] < n_ok):
+        n_ok = bad[0]
+        why = (
+            f"the footer states {md.row_group(n_ok).num_rows:,} rows in row group {n_ok}: "
+            f"row groups from {n_ok} on not read"
+        )
+    return steps[: len(steps) if n_ok is None else n_ok], nulls, n_ok, why
+
+
 def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
     with _open_parquet(path) as (pf, header, status):
+        steps, nulls, n_bad, bad = _footer_steps(path, pf.metadata)
+        nrg = pf.metadata.num_row_groups
         rf = RankFile(
             path,
             header,
             FILE_SCHEMA.empty_table(),
             format="parquet",
-            n_spans=pf.metadata.num_rows,
+            # the row groups' rows (never below 0), not the footer's total (-5 crashed info)
+            n_spans=sum(max(pf.metadata.row_group(g).num_rows, 0) for g in range(nrg)),
             spans_read=False,
-            row_group_steps=_row_group_steps(pf.metadata),
-            missing=_footer_nulls(pf.metadata),
+            row_group_steps=steps,
+            missing=nulls,
         )
         _start_clock(rf)
         if status is not None:
             _apply_status(rf, status)
             rf.truncated = bool(status.get("truncated"))
         n_ok, why = plausible_row_groups(pf.metadata)
+        if n_bad is not None and (n_ok is None or n_bad < n_ok):
+            n_ok, why = n_bad, bad
         if n_ok is not None:  # read what comes before (a query engine must not see the rest)
             rf.refused, rf.truncated = why, True
             rf.row_group_steps = rf.row_group_steps[:n_ok]
@@ -745,32 +845,18 @@ def _read_parquet_rank_file(path: Path, read_spans: bool) -> RankFile:
             rf.n_spans = rf.table.num_rows
             if err is not None:
                 log.debug("%s", _problem(path, err))
-        elif read_spans:
+        elif read_spans or pf.metadata.num_rows != rf.n_spans:
+            if pf.metadata.num_rows != rf.n_spans:  # DuckDB refuses the file: read it here
+                rf.footer_problem = (
+                    f"the footer states {pf.metadata.num_rows:,} rows, its row groups "
+                    f"{rf.n_spans:,}: read row group by row group"
+                )
             table, err = _read_row_groups(pf, range(pf.num_row_groups), list(COLUMNS))
             (rf.table, rf.missing), rf.spans_read = complete_rows(table), True
             if err is not None:  # keep the row groups before the damage, as for a cut stream
                 log.debug("%s", _problem(path, err))
                 rf.truncated, rf.n_spans = True, table.num_rows
     return rf
-
-
-def _row_groups(md: pq.FileMetaData, steps: StepRange | None) -> list[int]:
-    """Row groups whose ``step`` min/max meet ``steps`` (those without statistics included)."""
-    return _meeting(_row_group_steps(md), steps)
-
-
-def _row_group_steps(md: pq.FileMetaData) -> list[tuple[int | None, int | None, int]]:
-    """``(min step, max step, rows)`` of each row group (None bounds: no statistics)."""
-    col = COLUMNS.index("step")
-    out: list[tuple[int | None, int | None, int]] = []
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        st = rg.column(col).statistics
-        if st is None or not st.has_min_max:
-            out.append((None, None, rg.num_rows))
-        else:
-            out.append((int(st.min), int(st.max), rg.num_rows))
-    return out
 
 
 def _meeting(
@@ -826,19 +912,6 @@ def complete_rows(table: pa.Table) -> tuple[pa.Table, int]:
         ok = pc.and_(ok, pc.is_valid(table.column(c)))
     kept = table.filter(ok)
     return kept, table.num_rows - kept.num_rows
-
-
-def _footer_nulls(md: pq.FileMetaData) -> int:
-    """Nulls in :data:`REQUIRED_COLUMNS` as a Parquet footer's statistics state them."""
-    idx = [COLUMNS.index(c) for c in REQUIRED_COLUMNS]
-    n = 0
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        for i in idx:
-            st = rg.column(i).statistics if i < rg.num_columns else None
-            if st is not None and st.has_null_count:
-                n += max(int(st.null_count), 0)
-    return n
 
 
 #: Problems of one kind listed one by one at most; the rest are counted in one line.

@@ -225,8 +225,6 @@ JUDGE_BACKLOG: Final = 4
 #: What the live thread's queue gives when nothing new came within its wait (a gathered window
 #: is not done yet: it looks again).
 _NOTHING_NEW: Final = object()
-#: To the judge thread: start the judge process now (rank 0's first steps; see _warm_judge).
-_WARM: Final = object()
 
 #: The live thread's looks at a gathered window that is not done yet: the first wait, then
 #: doubling to the last (a window's verdict is not needed sooner).
@@ -441,7 +439,6 @@ class LiveMonitor:
         reduced: list[np.ndarray] = []  # the current window's rows so far
         pending: deque[tuple[int, Any]] = deque()  # windows gathered, not yet done
         delay = WAIT_FIRST_S
-        warmed = False
         while True:
             try:
                 item = self._q.get(timeout=delay) if pending else self._q.get()
@@ -453,9 +450,6 @@ class LiveMonitor:
             try:
                 if type(item) is list:  # some steps' entries
                     reduced.append(step_matrix(item, self.offset_ns))
-                    if not warmed:
-                        warmed = True
-                        self._warm_judge(mpi_ops)
                 elif type(item) is int:  # the window's end: its number
                     matrix = np.concatenate(reduced) if reduced else np.empty((0, N_COLS))
                     reduced = []
@@ -508,14 +502,6 @@ class LiveMonitor:
             except Exception:  # noqa: BLE001
                 p.kill()
 
-    def _warm_judge(self, mpi_ops: Any) -> None:
-        """Rank 0, with the first steps handed over: start the judge thread, and the judge
-        process with it, so that the process's start (pandas' import: seconds at nice 19 on a
-        CPU the ranks fill) overlaps the first window instead of holding up its verdict (a short
-        job on a busy host otherwise ended before its first verdict came)."""
-        if mpi_ops.rank() == 0 and self.judge is None and self._judge_q is None:
-            self._skipped_put(self._start_judge_thread(), _WARM)
-
     def _start_judge_thread(self) -> queue.Queue:
         """The judge thread ("hvtrace-judge") and its queue."""
         q = self._judge_q = queue.Queue(JUDGE_BACKLOG)
@@ -525,10 +511,13 @@ class LiveMonitor:
         return q
 
     def _hand_to_judge(self, gathered: np.ndarray, size: int) -> None:
-        """Rank 0: hand the gathered window to the judge thread (started with the first steps,
-        or now), which decides the windows' verdicts in order. The judge process's answer is
+        """Rank 0: hand the gathered window to the judge thread (started with the first
+        window), which decides the windows' verdicts in order. The judge process's answer is
         waited for there, not on the live thread, which meanwhile reduces what the training
-        thread hands over."""
+        thread hands over: the first answer takes the judge process's start (pandas' import:
+        seconds on a CPU the rank's training shares). Not started sooner: starting it with the
+        first steps, its start cost rank 0 about 17 ms of run-queue wait per step of a short
+        job pinned to one core per rank (tests/integration/test_causes.py failed so)."""
         q = self._judge_q if self._judge_q is not None else self._start_judge_thread()
         self._skipped_put(q, (gathered, size))
 
@@ -556,10 +545,6 @@ class LiveMonitor:
                 self._close_judge_proc()
                 return
             try:
-                if item is _WARM:
-                    if self._judge_proc is None:
-                        self._spawn_judge()
-                    continue
                 self._judge(*item)
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)

@@ -466,31 +466,3 @@ def test_a_judge_that_falls_behind_judges_the_newest_windows(monkeypatch) -> Non
     thread.join(10)
     assert not thread.is_alive()
     assert judged == [20, 100, 120, 140] and mon.judge_skipped == 3
-
-
-def test_rank_0_starts_its_judge_process_with_the_first_steps_not_the_first_window(
-    monkeypatch,
-) -> None:
-    """The judge process's start (its imports, at nice 19) overlaps the first window: on rank 0
-    the first steps handed over start it; another rank, or a judge in this process, starts
-    none."""
-    spawned: list[str] = []
-    mon = live.LiveMonitor.__new__(live.LiveMonitor)
-    mon.judge, mon._judge_proc, mon._judge_q, mon.judge_skipped = None, None, None, 0
-    mon._close_judge_proc = lambda: None
-    monkeypatch.setattr(mon, "_spawn_judge", lambda: spawned.append("judge") or "proc")
-
-    mon._warm_judge(SimpleNamespace(rank=lambda: 1))
-    assert mon._judge_q is None and spawned == []
-    mon.judge = live_judge.verdicts
-    mon._warm_judge(SimpleNamespace(rank=lambda: 0))
-    assert mon._judge_q is None and spawned == []
-    mon.judge = None
-    mon._warm_judge(SimpleNamespace(rank=lambda: 0))
-    q = mon._judge_q
-    assert q is not None
-    mon._stop_judge()  # the judge thread takes the warm-up, then ends
-    deadline = live.time.monotonic() + 10
-    while spawned != ["judge"] and live.time.monotonic() < deadline:
-        live.time.sleep(0.01)
-    assert spawned == ["judge"]
