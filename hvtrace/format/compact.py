@@ -138,6 +138,7 @@ def compact(
             )
             tmp = Path(tmp_name)
             try:
+                os.fchmod(tmp_fd, stat.S_IMODE(st.st_mode))  # the stream's (mkstemp makes 0600)
                 with os.fdopen(tmp_fd, "wb") as sink:
                     merged = _write_parquet(scan, sink, raw_header, row_group_rows, result)
                     sink.flush()

@@ -634,3 +634,16 @@ def test_compact_prints_hostile_names_as_visible_escapes(tmp_path: Path, capsys)
     assert cli_main(["compact", str(run_dir)]) in (0, 2)
     captured = capsys.readouterr()
     assert "\x1b" not in captured.out + captured.err and "\\x1b" in captured.out + captured.err
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_the_parquet_file_keeps_the_streams_permissions(tmp_path: Path, mode: int) -> None:
+    """The compacted file gets the stream's permissions (its temporary file, from mkstemp, is
+    0600: a 0644 stream used to become a 0600 Parquet file whatever the umask)."""
+    rec = _record(tmp_path, 100)
+    rec.flush()
+    stream = _stream_copy(rec.path, tmp_path)
+    rec.close()
+    os.chmod(stream, mode)
+    out = compact(stream, live_check=False)
+    assert out.target.exists() and (out.target.stat().st_mode & 0o777) == mode
