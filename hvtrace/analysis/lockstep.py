@@ -9,7 +9,11 @@ sequences part, from what the analysis already has:
 
 - **stopped**: ranks whose files were closed cleanly but end at different steps: the ranks that
   stopped first, the step, whether they joined (a ``join`` collective at their last step), and
-  how many steps the others went on without them;
+  how many steps the others went on without them; and where such a rank ends short because it
+  skipped optimizer steps, the steps it skipped: a step of its with a forward pass that had no
+  backward (the skipped batch's forward, counted into the next step) where no other rank has
+  one. (Alone, such a forward is no break: a rank may run an extra forward with gradients on,
+  as for a metric; only with the steps it then lacks is it named.)
 - **sequence**: the first step, among the steps every rank recorded whole, at which the ranks'
   counts of the optimizer's allreduces or of their collectives outside it differ: the rank(s)
   that differ from the others, and what they did (a step with no backward and no allreduce is a
@@ -86,9 +90,24 @@ def _stopped(st: pd.DataFrame, partials: pd.DataFrame | None) -> list[dict[str, 
                 "others_last_step": end,
                 "steps_without": end - int(step),
                 "joined": joined,
+                "skipped_steps": _skipped_steps(st, ranks, end - int(step)),
             }
         )
     return out
+
+
+def _skipped_steps(st: pd.DataFrame, ranks: list[int], short: int) -> list[int]:
+    """The earliest ``short`` steps at which every rank of ``ranks`` ran a forward pass without
+    a backward and no other rank did (a skipped batch: its forward, then no backward and no
+    optimizer step); [] when the step table lacks the counts or no such step explains it."""
+    if "n_forward" not in st.columns or "n_backward" not in st.columns or short < 1:
+        return []
+    extra = st["n_forward"].fillna(0) > st["n_backward"].fillna(0)
+    mine = st["rank"].isin(ranks)
+    theirs = set(st.loc[extra & ~mine, "step"].astype(int))
+    steps = st.loc[extra & mine].groupby("step")["rank"].nunique()
+    found = [int(s) for s, k in steps.items() if k == len(ranks) and int(s) not in theirs]
+    return sorted(found)[:short] if len(found) <= short else []
 
 
 def _sequence(st: pd.DataFrame) -> dict[str, Any] | None:
@@ -148,6 +167,19 @@ def describe(b: dict[str, Any]) -> str:
     if b["kind"] == "stopped":
         who, others = _ranks(b["ranks"]), _ranks(b["others"])
         n = b["steps_without"]
+        skipped = b.get("skipped_steps") or []
+        if skipped:
+            at = ", ".join(str(s) for s in skipped)
+            return (
+                f"ranks out of lockstep: {who} skipped an optimizer step at step {at} (a forward "
+                f"pass with no backward and no update, where {others} took the step), so from "
+                f"then on its allreduces paired with those of {others} a step ahead, and it ended "
+                f"at step {b['step']} while {others} went on to step {b['others_last_step']}"
+                + (" alone (it joined)" if b["joined"] else "")
+                + ": averaged gradients mixed steps and the models drifted apart. Every rank must "
+                "run the same steps: skip a bad batch on every rank (decide from a value reduced "
+                "across ranks), never on one"
+            )
         if b["joined"]:
             tail = (
                 f"; it joined (hvd.join), so {others} went on alone for {n} more step(s): "

@@ -199,6 +199,7 @@ def step_rows(
       collectives); ``hidden_ns`` and ``overlap`` are of ``comm_ns`` (the blocked time is never
       hidden);
     - ``n_allreduce``, ``allreduce_bytes``: tensors allreduced and their bytes (after compression);
+      ``n_forward``, ``n_backward``: the step's forward and backward passes (micro-batches);
     - ``arrival_ns``: when the rank's last gradient became ready (latest allreduce enqueue; NA
       without allreduce); ``coll_arrival_ns``: when it issued its first collective outside the
       optimizer in the step (NA without), the step's other meeting point with the other ranks;
@@ -323,6 +324,8 @@ def step_rows(
         np.int64
     )
     out["n_allreduce"] = counts[:, _K["allreduce"]]
+    out["n_forward"] = counts[:, _K["forward"]]
+    out["n_backward"] = counts[:, _K["backward"]]
     out["allreduce_bytes"] = np.bincount(g_ar, weights=nbytes[ar], minlength=n).astype(np.int64)
     arr = pd.array(np.zeros(n, np.int64), dtype="Int64")
     arr[:] = pd.NA

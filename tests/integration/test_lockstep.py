@@ -46,20 +46,22 @@ def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(tmp_path_factory
     )
 
 
-def test_a_rank_that_skips_a_step_is_named_with_the_step_it_is_short(tmp_path_factory) -> None:
-    """A rank that skips its optimizer step once takes one step fewer: its allreduces pair with
-    the others' of the step before from then on, and its last step pairs with nothing (it
-    joins). hvtrace's steps are the optimizer's, and each of the skipping rank's is whole, so
-    it is seen where the counts part: the rank ends a step early (the skipped step itself is not
-    named)."""
+def test_a_rank_that_skips_a_step_is_named_with_the_step_it_skipped(tmp_path_factory) -> None:
+    """A rank that skips its optimizer step once (at step 12: its forward, then no backward and
+    no update) takes one step fewer: its allreduces pair with the others' of the next step from
+    then on, and its last step pairs with nothing (it joins). hvtrace's steps are the
+    optimizer's: the skipped batch's forward is counted into the rank's step 12, a forward with
+    no backward that no other rank has; with the step the rank ends short, that names the step
+    it skipped."""
     breaks, findings = _lockstep(_job(tmp_path_factory, "skipstep", "--skip-step-rank", "1"))
     assert [(b["kind"], b["ranks"], b["step"], b["others"]) for b in breaks] == [
         ("stopped", [1], 28, [0])
     ], breaks
     assert breaks[0]["joined"] and breaks[0]["steps_without"] == 1
-    assert "rank 1 stopped training after step 28 while rank 0 went on to step 29" in (
-        findings[0].message
-    )
+    assert breaks[0]["skipped_steps"] == [12], breaks
+    msg = findings[0].message
+    assert "rank 1 skipped an optimizer step at step 12" in msg, msg
+    assert "it ended at step 28 while rank 0 went on to step 29 alone (it joined)" in msg, msg
 
 
 def test_a_rank_that_skips_a_backward_stays_in_step(tmp_path_factory) -> None:

@@ -122,3 +122,39 @@ def test_a_table_without_a_finished_step_gets_nothing_not_an_error() -> None:
         st["step_ns"] = np.nan
 
     assert lockstep_breaks(_steps(last, edit=unfinished), None, _states(last)) == []
+
+
+def _forwards(extra: dict[int, list[int]]):
+    """An edit giving every step one forward and one backward, and the listed (rank: steps) a
+    second forward with no backward (a skipped batch's forward, or an extra metric forward)."""
+
+    def edit(st: pd.DataFrame) -> None:
+        st["n_forward"], st["n_backward"] = 1, 1
+        for r, steps in extra.items():
+            st.loc[(st["rank"] == r) & st["step"].isin(steps), "n_forward"] = 2
+
+    return edit
+
+
+def test_a_rank_short_of_a_step_with_a_forward_that_had_no_backward_is_named_at_that_step() -> None:
+    last = {0: 29, 1: 28}
+    out = lockstep_breaks(_steps(last, edit=_forwards({1: [12]})), _join(29), _states(last))
+    assert [(b["kind"], b["ranks"], b["step"], b["skipped_steps"]) for b in out] == [
+        ("stopped", [1], 28, [12])
+    ]
+    assert "rank 1 skipped an optimizer step at step 12" in describe(out[0])
+
+
+def test_an_extra_forward_alone_is_no_break_and_an_unclear_one_is_not_named() -> None:
+    """A rank's extra forward with gradients on (a metric) while it keeps in step: nothing. A
+    rank a step short with two such forwards: which one was the skip is not clear, so the break
+    is named without a step skipped; one that every rank has explains nothing."""
+    same = {0: 29, 1: 29}
+    assert lockstep_breaks(_steps(same, edit=_forwards({0: [5]})), None, _states(same)) == []
+    last = {0: 29, 1: 28}
+    two = lockstep_breaks(_steps(last, edit=_forwards({1: [5, 12]})), _join(29), _states(last))
+    assert two[0]["skipped_steps"] == [] and "stopped training after step 28" in describe(two[0])
+    both = lockstep_breaks(
+        _steps(last, edit=_forwards({0: [12], 1: [12]})), _join(29), _states(last)
+    )
+    assert both[0]["skipped_steps"] == []
