@@ -213,6 +213,8 @@ def run_job(args: argparse.Namespace) -> None:
         rec.enabled = True
         out["sync_debug"] = counts
 
+    if cuda:
+        out["event_costs_us"] = _event_costs(torch, tracer, device)
     if args.prof_steps == 0:
         hvtrace.finish()
         (work / "job.json").write_text(json.dumps(out, indent=1))
@@ -261,6 +263,50 @@ def run_job(args: argparse.Namespace) -> None:
     hvtrace.finish()
     out["trace_files"] = [p.name for p in sorted((work / "run").glob("*"))]
     (work / "job.json").write_text(json.dumps(out, indent=1))
+
+
+def _event_costs(torch: Any, tracer: Any, device: Any, n: int = 2000) -> dict[str, Any]:
+    """What one CUDA-event timestamp costs the host, µs per call (median of 5 runs of ``n``):
+    recording a ``torch.cuda.Event`` (Python stream object first), a ``torch.Event`` (C++), the
+    timer's ``now()`` from its pool, then, on the writer's side, ``query()`` and the
+    ``elapsed_time`` that resolves it. Errors are reported, never raised."""
+    costs: dict[str, Any] = {}
+
+    def per_call(fn: Any) -> float:
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            runs.append((time.perf_counter() - t0) / n * 1e6)
+        return statistics.median(runs)
+
+    timer = tracer.timer
+    try:
+        cev = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        it = iter(cev * 5)
+        costs["cuda_event_record"] = per_call(lambda: next(it).record())
+        if hasattr(torch, "Event"):
+            gev = [torch.Event(device=device, enable_timing=True) for _ in range(n)]
+            it2 = iter(gev * 5)
+            costs["torch_event_record"] = per_call(lambda: next(it2).record())
+        warm = [timer.now() for _ in range(5 * n)]  # the pool filled: now() as in training
+        torch.cuda.synchronize()
+        for tok in warm:
+            timer.release(tok)
+        toks = []
+        costs["timer_now"] = per_call(lambda: toks.append(timer.now()))
+        torch.cuda.synchronize()
+        it3 = iter(toks)
+        costs["query"] = per_call(lambda: next(it3).query())
+        it4 = iter(toks)
+        costs["resolve"] = per_call(lambda: timer.resolve(next(it4)))
+        for tok in toks:
+            timer.release(tok)
+        costs["event_type"] = type(timer._anchor).__module__ + "." + type(timer._anchor).__name__
+    except Exception as exc:  # noqa: BLE001 - a figure missing, not the run
+        costs["error"] = f"{type(exc).__name__}: {exc}"
+    return costs
 
 
 class _null:
@@ -697,6 +743,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if sd:
             n_off, n_on = sd["untraced"]["n"], sd["traced"]["n"]
             lines.append(f"{m}: sync-debug warnings per block: untraced {n_off}, traced {n_on}")
+        costs = r["job"].get("event_costs_us")
+        if costs:
+            lines.append(
+                f"{m}: host cost of one CUDA timestamp, us: "
+                + ", ".join(
+                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in costs.items()
+                )
+            )
         drift = r["job"].get("anchor_drift")
         if drift:
             lines.append(

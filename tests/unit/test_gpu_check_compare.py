@@ -69,3 +69,51 @@ def test_the_ab_summary_pairs_each_untraced_block_with_its_traced_neighbour(gc) 
     assert ab["pairs"] == 2
     assert ab["overhead_min"] == pytest.approx(0.02) and ab["overhead_max"] == pytest.approx(0.1)
     assert ab["overhead_median"] == pytest.approx(0.06)
+
+
+def test_the_event_cost_probe_reports_each_cost_or_its_error(gc) -> None:
+    """The probe of what one CUDA timestamp costs, against a fake torch: every figure is there;
+    an event type that fails is an error in the figures, not a failed run."""
+    from types import SimpleNamespace
+
+    class Ev:
+        def __init__(self, *a, **k) -> None:
+            self.t = None
+
+        def record(self, stream=None) -> None:
+            self.t = 1.0
+
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, other) -> float:
+            return 0.5
+
+    class Timer:
+        def __init__(self) -> None:
+            self._anchor, self.pool = Ev(), []
+
+        def now(self) -> Ev:
+            e = self.pool.pop() if self.pool else Ev()
+            e.record()
+            return e
+
+        def resolve(self, e: Ev) -> int:
+            return 5
+
+        def release(self, e: Ev) -> None:
+            self.pool.append(e)
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=Ev, synchronize=lambda: None), Event=Ev)
+    costs = gc._event_costs(torch, SimpleNamespace(timer=Timer()), "cuda:0", n=20)
+    assert {"cuda_event_record", "torch_event_record", "timer_now", "query", "resolve"} <= set(
+        costs
+    ), costs
+    assert all(v >= 0 for k, v in costs.items() if k != "event_type")
+
+    def broken(*a, **k):
+        raise RuntimeError("no device")
+
+    torch.Event = broken
+    costs = gc._event_costs(torch, SimpleNamespace(timer=Timer()), "cuda:0", n=20)
+    assert costs["error"] == "RuntimeError: no device" and "cuda_event_record" in costs
