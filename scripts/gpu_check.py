@@ -50,6 +50,8 @@ import tarfile
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,14 +161,16 @@ def run_job(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
 
     def step(i: int | None = None) -> None:
-        tag = (lambda p: f"gc.{p}.{i}") if i is not None else None
-        with record_function(tag("fwd")) if tag else _null():
+        def mark(part: str) -> Any:  # a profile mark of step i's part (none outside the window)
+            return record_function(f"gc.{part}.{i}") if i is not None else nullcontext()
+
+        with mark("fwd"):
             out_ = model(x)
-        with record_function(tag("loss")) if tag else _null():
+        with mark("loss"):
             loss = loss_fn(out_, y)
-        with record_function(tag("bwd")) if tag else _null():
+        with mark("bwd"):
             loss.backward()
-        with record_function(tag("opt")) if tag else _null():
+        with mark("opt"):
             opt.step()
         opt.zero_grad()
 
@@ -309,14 +313,6 @@ def _event_costs(torch: Any, tracer: Any, device: Any, n: int = 2000) -> dict[st
     return costs
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 # -- the comparison (reads what the job left; offline too) ---------------------------------------
 def _load_profile(path: Path) -> dict[str, Any]:
     opener = gzip.open if path.suffix == ".gz" else open
@@ -346,8 +342,8 @@ def hvtrace_spans(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def launched_in_(
-    mark: dict[str, Any], launches: list[dict[str, Any]], by_corr: dict[Any, list[dict[str, Any]]]
+def launched_in(
+    launches: list[dict[str, Any]], by_corr: dict[Any, list[dict[str, Any]]], mark: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The device work launched (any thread) while ``mark`` was open."""
     a, b = mark["ts"], mark["ts"] + mark["dur"]
@@ -425,9 +421,10 @@ def compare(work: Path) -> dict[str, Any]:
     by_corr: dict[Any, list[dict[str, Any]]] = {}
     for e in device:
         by_corr.setdefault(_corr(e), []).append(e)
+    launched = partial(launched_in, launches, by_corr)
     tie = job.get("tie") or {}
     tie_mark = ann.get("gc.tie")
-    tied = [e for e in launched_in_(tie_mark, launches, by_corr)] if tie_mark and tie else []
+    tied = launched(tie_mark) if tie_mark and tie else []
     if tied:
         # profile µs -> hvtrace's CUDA times directly: the kernel between hvtrace's events a and
         # b ended just before b fired (b was recorded while it ran)
@@ -457,14 +454,11 @@ def compare(work: Path) -> dict[str, Any]:
     for s in spans:
         by_step.setdefault(s["step"], {}).setdefault(s["kind"], []).append(s)
 
-    def launched_in(mark: dict[str, Any]) -> list[dict[str, Any]]:
-        return launched_in_(mark, launches, by_corr)
-
     # the compute stream: where the forward kernels ran
     streams: dict[Any, int] = {}
     for m in job["marks"]:
         f = ann.get(f"gc.fwd.{m['i']}")
-        for ev in launched_in(f) if f else []:
+        for ev in launched(f) if f else []:
             s = (ev.get("args") or {}).get("stream")
             streams[s] = streams.get(s, 0) + 1
     compute_stream = max(streams, key=streams.get) if streams else None
@@ -518,7 +512,7 @@ def compare(work: Path) -> dict[str, Any]:
                 elif mk:
                     evs += [
                         e
-                        for e in launched_in(mk)
+                        for e in launched(mk)
                         if (e.get("args") or {}).get("stream") == compute_stream
                     ]
             hs = hv.get(kind, [])
@@ -546,7 +540,7 @@ def compare(work: Path) -> dict[str, Any]:
         hvd_ev = [
             e
             for t in ("bwd", "opt")
-            for e in (launched_in(ann[f"gc.{t}.{i}"]) if f"gc.{t}.{i}" in ann else [])
+            for e in (launched(ann[f"gc.{t}.{i}"]) if f"gc.{t}.{i}" in ann else [])
             if (e.get("args") or {}).get("stream") != compute_stream
         ]
         ars = hv.get("allreduce", [])
@@ -709,9 +703,14 @@ def _job(model: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return res
 
 
+def _safe(model: str) -> str:
+    """``model`` as the device tool's file names may hold it (letters, digits, '.', '_', '-')."""
+    return model.replace(":", "_b").replace("@", "_")
+
+
 def _keep(work: Path, model: str, out: Path, names: tuple[str, ...]) -> None:
     """One archive per model under ``out`` (the device tool brings back at most 8 files)."""
-    safe = model.replace(":", "_b").replace("@", "_")  # the device tool's file names
+    safe = _safe(model)
     with tarfile.open(out / f"gc_{safe}.tar.gz", "w:gz") as tar:
         for name in names:
             if (work / name).exists():
@@ -809,7 +808,7 @@ def recompare(src: Path, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for r in results["jobs"]:
-            safe = r["model"].replace(":", "_b").replace("@", "_")
+            safe = _safe(r["model"])
             archive = src / f"gc_{safe}.tar.gz"
             if "compare" not in r or not archive.exists():
                 continue

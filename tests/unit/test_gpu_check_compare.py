@@ -55,7 +55,7 @@ def test_launches_are_matched_to_their_device_work_by_correlation(gc) -> None:
     mark = {"ts": 10, "dur": 20}
     launches = [{"ts": 12, "args": {"correlation": 1}}, {"ts": 40, "args": {"correlation": 2}}]
     k1, k2 = _k(50, 5, corr=1), _k(60, 5, corr=2)
-    assert gc.launched_in_(mark, launches, {1: [k1], 2: [k2]}) == [k1]
+    assert gc.launched_in(launches, {1: [k1], 2: [k2]}, mark) == [k1]
 
 
 def test_the_ab_summary_pairs_each_untraced_block_with_its_traced_neighbour(gc) -> None:
