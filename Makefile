@@ -4,7 +4,9 @@
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.hvtrace-setup
+# HOROVOD_WITH_MPI=1 (e.g. `HOROVOD_WITH_MPI=1 make setup`) builds Horovod with Open MPI too
+# (mpirun, horovodrun --mpi); its own stamp, so that asking for it later rebuilds.
+STAMP  := $(VENV)/.hvtrace-setup$(if $(filter 1,$(HOROVOD_WITH_MPI)),-mpi,)
 NP     ?= 2
 PYTEST_ARGS ?=
 

@@ -2,10 +2,12 @@
 
 It runs ``COMMAND`` with ``$HVTRACE_DIR`` set (and the options' variables), so that hvtrace's
 start-up hook (:mod:`hvtrace_boot`) traces every Horovod optimizer the job builds, under
-``horovodrun``, ``mpirun``, Ray or any launcher that passes the environment on to its workers.
-When this Python's site-packages lack the hook's ``.pth`` (an install that dropped it), the hook's
-``sitecustomize`` is put first on ``$PYTHONPATH`` instead. At the end it says where the run is
-and the one command that analyzes it, and exits with the command's exit code.
+``horovodrun``, ``mpirun``, Ray or any launcher that passes the environment on to its workers. When
+this Python's site-packages lack the hook's ``.pth`` (an install that dropped it), the hook's
+``sitecustomize`` is put first on ``$PYTHONPATH`` instead. ``mpirun`` does not pass the environment
+on to ranks on other hosts: for Open MPI's and MPICH's (Hydra) the variables are added to its
+command line (:func:`launcher_command`: ``-x NAME`` each, ``-genvlist NAMES``). At the end it says
+where the run is and the one command that analyzes it, and exits with the command's exit code.
 """
 
 from __future__ import annotations
@@ -73,6 +75,43 @@ def traced_environment(
     return env
 
 
+#: Launchers that start ranks on other hosts without this environment unless told which variables.
+MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun")
+
+
+def launcher_command(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``command``, with the tracing variables of ``env`` (``HVTRACE*``, and ``PYTHONPATH`` where
+    it carries the hook) passed on to every rank when the launcher is an ``mpirun`` that needs
+    telling: Open MPI's gets ``-x NAME`` for each, MPICH's (Hydra) ``-genvlist NAME,...``; any
+    other command is returned as it is (``horovodrun`` passes the environment on itself). An
+    ``mpirun`` of neither kind is left as it is, with a warning saying what to pass."""
+    cmd = list(command)
+    if not cmd or Path(cmd[0]).name not in MPI_LAUNCHERS:
+        return cmd
+    names = sorted(k for k in env if k.startswith("HVTRACE"))
+    if "PYTHONPATH" in env and str(boot_site_dir()) in env["PYTHONPATH"].split(os.pathsep):
+        names.append("PYTHONPATH")
+    try:
+        out = subprocess.run(
+            [cmd[0], "--version"], capture_output=True, text=True, timeout=20, env=dict(env)
+        )
+        version = out.stdout + out.stderr
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    if "Open MPI" in version or "OpenRTE" in version:
+        extra = [a for n in names for a in ("-x", n)]
+    elif "HYDRA" in version.upper():
+        extra = ["-genvlist", ",".join(names)]
+    else:
+        log.warning(
+            "hvtrace: %s is not Open MPI's or MPICH's: make it pass %s to ranks on other hosts",
+            printable(cmd[0]),
+            ", ".join(names),
+        )
+        return cmd
+    return [cmd[0], *extra, *cmd[1:]]
+
+
 def recorded_files(trace_dir: str | os.PathLike) -> list[Path]:
     """The rank files in ``trace_dir`` (:func:`hvtrace.format.read.find_trace_files`); none
     where it does not exist or holds none."""
@@ -104,7 +143,7 @@ def run_traced(
     where = printable(str(trace_dir))
     print(f"hvtrace: tracing into {where}", file=sys.stderr, flush=True)
     try:
-        proc = subprocess.Popen(list(command), env=env)
+        proc = subprocess.Popen(launcher_command(command, env), env=env)
     except OSError as exc:
         print(f"hvtrace: cannot run {printable(command[0])}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126

@@ -347,7 +347,7 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         costs, sev, cdata = _cost_words(s)
         msg += costs
         if cause:
-            msg += f"; {CAUSE_WORDS[cause][2]}"
+            msg += f"; {cause_advice(cause, a.controller)}"
         elif r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
             msg += (
                 " (on a CPU run rank 0 also runs Horovod's coordinator: with more busy threads "
@@ -397,6 +397,19 @@ def cause_clause(s: pd.Series) -> str:
     return f", of which {part:.1f} ms {CAUSE_WORDS[cause][0]}{host} ({cause})"
 
 
+def cause_advice(cause: str, controller: str = "") -> str:
+    """What to do about a phase's excess of ``cause`` (:data:`CAUSE_WORDS`), for the launcher
+    that was seen: under MPI (``controller`` ``"mpi"``) ranks are pinned by ``mpirun``'s own
+    binding, which ``horovodrun --binding-args`` passes on."""
+    advice = CAUSE_WORDS[cause][2]
+    if controller == "mpi":
+        advice = advice.replace(
+            "(horovodrun --binding-args, taskset)",
+            "(mpirun --bind-to core --map-by socket, or horovodrun --mpi --binding-args)",
+        )
+    return advice
+
+
 def cause_line(s: pd.Series) -> str:
     """One line on why a straggler is slow: "rank 1: backward +12.4 ms, of which 11.8 ms
     waiting for a CPU on host vm (contention)", from a row of ``Analysis.stragglers``."""
@@ -434,7 +447,7 @@ def _contention(a: Analysis) -> list[Finding]:
                 f"{h.runq_ms:.1f} ms per step runnable but without a CPU, {h.work_share:.0%} of "
                 f"their {h.work_ms:.1f} ms outside synchronize (most: rank {h.worst_rank}, "
                 f"{h.worst_runq_ms:.1f} ms){rank0}"
-                + ("" if h.host in advised else "; " + CAUSE_WORDS["contention"][2]),
+                + ("" if h.host in advised else "; " + cause_advice("contention", a.controller)),
                 h.runq_ms,
                 "ms",
                 {

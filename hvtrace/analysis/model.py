@@ -351,6 +351,9 @@ class Analysis:
     #: The training framework that built the optimizer, from the header (``{"name":
     #: "pytorch_lightning", "version": "1.9.5"}``; empty for a plain Horovod script or a frame).
     framework: dict[str, Any] = field(default_factory=dict)
+    #: Horovod's controller, from the header: ``"mpi"`` (mpirun, horovodrun --mpi), ``"gloo"``
+    #: (horovodrun --gloo, Ray, Spark), empty when not recorded.
+    controller: str = ""
 
     @property
     def lightning(self) -> str | None:

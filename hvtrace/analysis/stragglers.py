@@ -379,8 +379,10 @@ def straggler_table(
         # waiting for a CPU (on a host short of CPU the rank that is behind waits for one while
         # its peers spin in their wait for it: contention that follows lateness, whatever made
         # the rank late); by the whole excess when no phase is slow without it (contention alone)
+        # (by the own-time margin, as the work criterion: where run-queue wait was measured,
+        # the own time of the same work differs across ranks by a fraction of it)
         own = own_time(bex, rq[i, b_idx])
-        ok_own = np.isfinite(own) & (own >= floor_ms)
+        ok_own = np.isfinite(own) & (own >= (lines_ms[b_idx] if len(b_idx) else floor_ms))
         bk = _nanargmax(np.where(ok_own, own, np.nan)) if ok_own.any() else _nanargmax(bex)
         if bk is not None:
             bp = phases[int(b_idx[bk])]

@@ -322,6 +322,8 @@ def analyze(
     a.timing = str(h0.get("timing") or "")
     fw = h0.get("framework")
     a.framework = dict(fw) if isinstance(fw, dict) else {}
+    ctl = h0.get("controller")
+    a.controller = ctl if ctl in ("mpi", "gloo") else ""
     a.clock = run.clock_summary()
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)

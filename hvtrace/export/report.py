@@ -350,7 +350,9 @@ def format_report(
     hosts = ", ".join(sorted(set(a.hosts.values())))
     head = (
         f"hvtrace analyze: run {a.run_id or '?'}, {len(a.ranks)} of {a.size} rank(s) on "
-        f"{n_hosts} host(s)" + (f" ({hosts})" if n_hosts <= 3 else "")
+        f"{n_hosts} host(s)"
+        + (f" ({hosts})" if n_hosts <= 3 else "")
+        + ({"mpi": ", Horovod over MPI", "gloo": ", Horovod over Gloo"}.get(a.controller, ""))
     )
     L += wrap(head, w)
     first, last, count = a.analyzed_step_numbers
@@ -627,7 +629,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     caveat), ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns,
     method, drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
     ``framework`` (the header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning,
-    else empty).
+    else empty), ``controller`` (Horovod's: ``mpi``, ``gloo``, or empty when not recorded).
     """
     from hvtrace import __version__
 
@@ -698,6 +700,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "horovod_env": a.horovod_env,
             "optimizer": a.optimizer,
             "framework": a.framework,
+            "controller": a.controller,
         }
     )
     return {

@@ -58,6 +58,7 @@ def build_header(
         "torch_version": _version("torch"),
         "horovod_version": _version("horovod"),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        "controller": _controller(hvd),
         "optimizer": {
             "class": type(dist).__mro__[1].__name__,
             "backward_passes_per_step": getattr(dist, "backward_passes_per_step", 1),
@@ -76,6 +77,18 @@ def build_header(
         "clock": {"method": "barrier-interval", "reference_rank": 0, "start": clock.to_dict()},
         "cuda_anchor_uncertainty_ns": getattr(timer, "anchor_uncertainty_ns", None),
     }
+
+
+def _controller(hvd: Any) -> str | None:
+    """Return how Horovod's ranks talk to each other: ``"mpi"`` (launched by ``mpirun`` or
+    ``horovodrun --mpi``), ``"gloo"`` (``horovodrun --gloo``, Ray, Spark), None if unknown."""
+    for name in ("mpi", "gloo"):
+        try:
+            if getattr(hvd, f"{name}_enabled")():
+                return name
+        except Exception:  # noqa: BLE001 - an older Horovod, or a stand-in: not known
+            continue
+    return None
 
 
 def _boot_id() -> str | None:

@@ -10,14 +10,14 @@ matrix, one row per step (the phases' durations, the training thread's CPU time 
 in them, and its arrival on rank 0's clock), a few steps at a time as they come (about
 :data:`CHUNK_S`), on a background thread ("hvtrace-live"), never the training thread; the ranks
 exchange their matrices with one asynchronous Horovod allgather per window, issued by the training
-thread at the end of the next window (:meth:`LiveMonitor._gather`: at the same step on every rank,
-as every collective hvtrace issues: Horovod names a collective issued without a name after a count
-of the process's collectives, so one issued from another thread would give the user's unnamed
-collectives different names on different ranks) and waited for on the live thread (the training loop
-never waits on it). Rank 0 then runs the offline analysis's own straggler decision on that window,
-from a thread of its own ("hvtrace-judge", so that the live thread goes on reducing while it waits;
-a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the newest) in a child process
-(:mod:`hvtrace.analysis.live`: its pandas work never holds the training process's GIL)
+thread a chunk's worth of steps into the next window (:meth:`LiveMonitor._gather`: at the same step
+on every rank, as every collective hvtrace issues: Horovod names a collective issued without a name
+after a count of the process's collectives, so one issued from another thread would give the user's
+unnamed collectives different names on different ranks) and waited for on the live thread (the
+training loop never waits on it). Rank 0 then runs the offline analysis's own straggler decision on
+that window, from a thread of its own ("hvtrace-judge", so that the live thread goes on reducing
+while it waits; a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the newest) in a
+child process (:mod:`hvtrace.analysis.live`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
 ``hvtrace analyze --steps`` of the same steps name the same rank and phase.
@@ -287,6 +287,9 @@ class LiveMonitor:
         #: Gathered windows of a rank whose live thread stopped: released when done.
         self._orphans: list[Any] = []
         self.chunk_steps = CHUNK_STEPS  # steps handed over at a time
+        #: The window to gather (:meth:`_gather`) once ``_due_in`` more steps have ended.
+        self._due: int | None = None
+        self._due_in = 0
         self.window_start_ns = time.monotonic_ns()
         self.init_verdicts()
         #: None: the judge process (:mod:`hvtrace.analysis.live`) decides; else a function with
@@ -318,10 +321,10 @@ class LiveMonitor:
 
     def on_step(self, rows: list) -> None:
         """Hot path: keep a reference to the step's entries; hand them over every
-        ``chunk_steps`` steps and at the window's end, then the window; at a window's end also
-        gather the window before it (:meth:`_gather`) and, some windows, agree on the next
-        windows' length (:meth:`_agree_length`). Nothing is handed over once the live thread
-        has stopped (closed, or failed): nothing piles up in its queue."""
+        ``chunk_steps`` steps and at the window's end, then the window; ``chunk_steps`` steps
+        after a window's end, gather it (:meth:`_gather`); at a window's end, some windows,
+        agree on the next windows' length (:meth:`_agree_length`). Nothing is handed over once
+        the live thread has stopped (closed, or failed): nothing piles up in its queue."""
         if self._closed:
             return
         self.in_window += 1
@@ -338,15 +341,23 @@ class LiveMonitor:
             # the windows are counted, gathered and their length agreed on every rank until it
             # closes, even where live detection failed: those are collectives on the training
             # thread, which the other ranks would wait in for ever
+            if self._due is not None:  # a window shorter than the gather's lag: gathered now
+                self._gather(self._due)
             self.windows_sent += 1
             n = self.windows_sent
-            if n >= 2:
-                self._gather(n - 2)  # the window before this one: reduced by now
             self.prev_steps = self.in_window
             if self.window_s > 0 and (n & (n - 1) == 0 or n % AGREE_EVERY_WINDOWS == 0):
                 self._agree_length()
             self.in_window = 0
             self.window_start_ns = time.monotonic_ns()
+            # the window that just ended is gathered a chunk's worth of steps into the next
+            # (its last chunk reduced by then), not at the next window's end: the verdict comes
+            # a window sooner, and a job's last window is judged when a chunk of steps follows it
+            self._due, self._due_in = n - 1, self.chunk_steps
+        elif self._due is not None:
+            self._due_in -= 1
+            if self._due_in <= 0:
+                self._gather(self._due)
 
     def _agree_length(self) -> None:
         """Lengthen the windows of short steps to ``window_s`` seconds (the judge's fixed cost,
@@ -377,19 +388,21 @@ class LiveMonitor:
         self.chunk_steps = chunk_steps(step_ns)
 
     def _gather(self, k: int) -> None:
-        """Training thread, at the end of window ``k + 1``: start window ``k``'s exchange, every
+        """Training thread, ``chunk_steps`` steps into window ``k + 1`` (or at its end, if
+        shorter): start window ``k``'s exchange, every
         rank's rows gathered on every rank (an asynchronous allgather; the live thread waits for
         it and rank 0 judges). Issued here, at the same step on every rank, never from the live
         thread: Horovod names a collective issued without a name after a count of this
         process's collectives, so one issued from another thread, at a moment that differs by
         rank, would give the user's unnamed collectives different names on different ranks (a
         hang, or Horovod reducing tensors of different shapes under one name). The window's
-        rows come from the live thread, which reduced them a window ago; a rank whose live
-        thread has not (or has stopped) sends NaN rows, which name nobody. A failure stops live
+        rows come from the live thread, which had its last chunk as many steps ago; a rank whose
+        live thread has not (or has stopped) sends NaN rows, which name nobody. A failure stops live
         detection on this rank (Horovod shut down: it fails on every rank)."""
         import torch
         from horovod.torch import mpi_ops  # Horovod's own names: not recorded as the user's
 
+        self._due = None
         matrix = None
         if not self._stopped:
             with self._cond:

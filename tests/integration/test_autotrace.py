@@ -242,3 +242,53 @@ def test_a_ray_executor_job_is_traced_by_environment(tmp_path: Path) -> None:
     a = analyze(run)
     assert a.stragglers["rank"].tolist() == [1], a.verdicts.to_string()
     assert a.stragglers.iloc[0]["phase"] == "forward", a.verdicts.to_string()
+
+
+def _mpi_reason() -> str | None:
+    """Why the mpirun test cannot run here (None: it can)."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        return "no mpirun (HOROVOD_WITH_MPI=1 make setup installs Open MPI, builds Horovod with it)"
+    probe_mpi = "import horovod.torch as h, sys; sys.exit(0 if h.mpi_built() else 1)"
+    if subprocess.run([sys.executable, "-c", probe_mpi], capture_output=True).returncode != 0:
+        return "Horovod is built without MPI (HOROVOD_WITH_MPI=1 make setup builds it with)"
+    return None
+
+
+def test_an_mpirun_job_is_traced_by_environment(tmp_path: Path) -> None:
+    """``hvtrace run -- mpirun -np 2 python plain_synthetic.py``: Open MPI's mpirun (not
+    horovodrun) starts the ranks; hvtrace run adds ``-x`` for its variables (ranks on other hosts
+    get them too); both ranks traced with Horovod's MPI controller, on one host, the clocks
+    aligned, every step split, the slowed rank named in its forward."""
+    why = _mpi_reason()
+    if why:
+        pytest.skip(why)
+    trace = tmp_path / "trace"
+    script = [sys.executable, str(DATA / "plain_synthetic.py"), "--num-iters", "4"]
+    script += ["--slow-rank", "1", "--slow-ms", "40"]
+    launcher = ["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", *script]
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    hv_run = [sys.executable, "-m", "hvtrace.cli", "run", "--dir", str(trace), "--"]
+    proc = run_job([*hv_run, *launcher], root, tmp_path, 300, True, "hvtrace run -- mpirun")
+    assert f"hvtrace analyze {trace}" in proc.stderr, describe(proc)
+    run = load_run(trace)
+    assert run.complete and sorted(run.ranks) == [0, 1], (run.problems, describe(proc))
+    assert {run.header(r).get("controller") for r in (0, 1)} == {"mpi"}, run.header(0)
+    assert len(set(run.hosts.values())) == 1, run.hosts
+    steps = 2 + 4 * 5
+    for rank in (0, 1):
+        counts = run.spans[run.spans["rank"] == rank].groupby("kind").size()
+        for kind in ("step", "input", "forward", "backward", "wait", "update"):
+            assert counts.get(kind, 0) == steps, (rank, counts.to_dict())
+    a = analyze(run)
+    assert a.controller == "mpi"
+    assert "clocks aligned" in a.clock, a.clock
+    assert a.stragglers["rank"].tolist() == [1], a.verdicts.to_string()
+    assert a.stragglers.iloc[0]["phase"] == "forward", a.verdicts.to_string()
+    report = subprocess.run(
+        [sys.executable, "-m", "hvtrace.cli", "analyze", str(trace)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    head = " ".join(report.stdout.split("\n\n")[0].split()[:20])
+    assert "Horovod over MPI" in head, head

@@ -62,6 +62,7 @@ def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
     mon.length, mon.chunk_steps, mon.window_s, mon.window_start_ns = every, live.CHUNK_STEPS, 0, 0
     mon.offset_ns, mon._stopped, mon._closed, mon.index = offset_ns, False, False, 0
     mon.prev_steps, mon._matrices, mon._orphans = 0, {}, []
+    mon._due, mon._due_in = None, 0
     mon._cond = live.threading.Condition()
     mon._q = live.queue.SimpleQueue()
     monkeypatch.setattr(mon, "_stop_judge", lambda: None)
@@ -104,28 +105,53 @@ def test_windows_are_gathered_by_the_training_thread_in_order_and_whole(monkeypa
     collectives: one issued from the live thread, at a moment that differs by rank, gave a
     user's unnamed allreduce different names on different ranks (a job hung, or segfaulted
     when two ranks' tensors of different shapes met under one name). So each window is
-    gathered by the training thread at the end of the next window, at the same step on every
-    rank, with the rows the live thread reduced from its chunks (at most CHUNK_STEPS steps'
-    entries held by the training thread); the live thread issues no collective."""
+    gathered by the training thread CHUNK_STEPS steps into the next window, at the same step
+    on every rank, with the rows the live thread reduced from its chunks (at most CHUNK_STEPS
+    steps' entries held by the training thread); the live thread issues no collective. The
+    job's last window is gathered too when that many steps follow it."""
     hvd = FakeHorovod(monkeypatch)
     every = 25  # not a multiple of the chunk: the window's last chunk is shorter
     mon = _monitor(monkeypatch, every, 3 * MS)
     thread = live.threading.Thread(target=mon._run, name="hvtrace-live")
     thread.start()
-    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 7) for s in range(4 * every + 4)]
-    held = []
-    for rows in steps:
+    n_steps = 4 * every + live.CHUNK_STEPS
+    steps = [_step_rows(s, 10_000 * MS + s * 100 * MS, 10.0 + s % 7) for s in range(n_steps)]
+    held, issued_at = [], []
+    for i, rows in enumerate(steps):
+        before = len(hvd.issued)
         mon.on_step(rows)
         held.append(len(mon.window))
+        issued_at += [i + 1] * (len(hvd.issued) - before)  # steps ended when it was issued
     mon.close()
     thread.join(10)
     assert max(held) < live.CHUNK_STEPS and mon.windows_sent == 4
     assert hvd.issued == [
-        ("MainThread", "allgather_async", f"hvtrace.live.0.{k}") for k in (0, 1, 2)
+        ("MainThread", "allgather_async", f"hvtrace.live.0.{k}") for k in (0, 1, 2, 3)
     ]
-    for k in (0, 1, 2):  # (window 3 ends last: gathered at the end of window 4, which never ends)
+    assert issued_at == [(k + 1) * every + live.CHUNK_STEPS for k in range(4)]
+    for k in range(4):
         whole = live.step_matrix(steps[k * every : (k + 1) * every], 3 * MS)
         np.testing.assert_array_equal(hvd.gathered[f"hvtrace.live.0.{k}"], whole)
+
+
+def test_a_window_shorter_than_a_chunk_is_gathered_at_the_next_windows_end(monkeypatch) -> None:
+    """Windows of fewer steps than the gather's lag: each is gathered when the next ends, in
+    order, none skipped (every rank counts the same steps)."""
+    hvd = FakeHorovod(monkeypatch)
+    every = live.CHUNK_STEPS // 2
+    mon = _monitor(monkeypatch, every, 0)
+    thread = live.threading.Thread(target=mon._run, name="hvtrace-live")
+    thread.start()
+    issued_at = []
+    for i in range(3 * every):
+        before = len(hvd.issued)
+        mon.on_step(_step_rows(i, 10_000 * MS + i * 100 * MS, 10.0))
+        issued_at += [i + 1] * (len(hvd.issued) - before)
+    mon.close()
+    thread.join(10)
+    assert [name for _, _, name in hvd.issued] == ["hvtrace.live.0.0", "hvtrace.live.0.1"]
+    assert issued_at == [2 * every, 3 * every]
+    assert len(hvd.gathered["hvtrace.live.0.1"]) == every
 
 
 def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatch) -> None:
@@ -210,10 +236,12 @@ def test_a_rank_whose_live_detection_failed_still_agrees_with_the_others(monkeyp
     assert mon._q.empty() and mon.window == []  # nothing handed over
     assert mon.windows_sent == 2 and names == ["hvtrace.live.0.len.1", "hvtrace.live.0.len.2"]
     # and in every gather, with NaN rows (which name nobody), released once done
-    assert [n for _, _, n in hvd.issued] == ["hvtrace.live.0.0"]
-    gathered = hvd.gathered["hvtrace.live.0.0"]
-    assert gathered.shape == (10, live.N_COLS) and np.isnan(gathered).all()
-    assert mon._orphans == ["hvtrace.live.0.0"]
+    # (window 0: steps 0-9, gathered at step 20; window 1: steps 10-29, gathered at step 40)
+    assert [n for _, _, n in hvd.issued] == ["hvtrace.live.0.0", "hvtrace.live.0.1"]
+    for k, n_rows in ((0, 10), (1, 20)):
+        gathered = hvd.gathered[f"hvtrace.live.0.{k}"]
+        assert gathered.shape == (n_rows, live.N_COLS) and np.isnan(gathered).all()
+    assert mon._orphans == ["hvtrace.live.0.1"]  # window 0's released when window 1's went
     mon._closed = True
     for s in range(40):
         mon.on_step(_step_rows(s, 10_000 * MS + s * 50 * MS, 1.0))
