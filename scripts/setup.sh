@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv with torch (CPU), a patched Horovod 0.28.1 (PyTorch + Gloo) and hvtrace itself.
+# HVTRACE_EXTRAS (default dev,dashboard,lightning): hvtrace's extras; with spark, a Java runtime too.
 # HOROVOD_WITH_MPI=1 builds Horovod with Open MPI as well (Debian's openmpi-bin/libopenmpi-dev), for
 # `horovodrun --mpi` and `mpirun`; that build serves Gloo too, and is cached apart from the Gloo-only one.
 # Idempotent: a second run reuses .venv and the cached Horovod wheel and takes seconds.
@@ -82,6 +83,17 @@ fi
 bash scripts/setup_browser.sh
 # iproute2 and sshd for the namespace cluster (scripts/cluster.sh) of the many-host tests.
 bash scripts/setup_cluster.sh
+
+# A Java runtime for Spark (the spark extra: horovod.spark.run on a local Spark), when asked.
+case ",$EXTRAS," in
+  *,spark,*)
+    if ! command -v java >/dev/null 2>&1; then
+      log "installing a Java runtime for Spark (Debian package openjdk-17-jre-headless)"
+      SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+      $SUDO apt-get update -qq >/dev/null && \
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    fi ;;
+esac
 
 if [ -f pyproject.toml ]; then
   log "installing hvtrace[$EXTRAS] (editable)"

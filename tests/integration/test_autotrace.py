@@ -223,19 +223,35 @@ def test_an_unmodified_lightning_script_gets_the_callback(tmp_path: Path) -> Non
         assert counts.get("step", 0) == 20 and counts.get("forward", 0) == 20, counts.to_dict()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')"
-)
-def test_a_ray_executor_job_is_traced_by_environment(tmp_path: Path) -> None:
-    """horovod.ray.RayExecutor on a local Ray cluster the driver starts: the workers inherit
-    HVTRACE_DIR through the raylet; both ranks traced, on one host, the slowed rank named."""
+def _driver_reason(launcher: str) -> str | None:
+    """Why the Ray or Spark test cannot run here (None: it can)."""
+    import shutil
+
+    if importlib.util.find_spec("pyspark" if launcher == "spark" else "ray") is None:
+        return f"{launcher} is not installed (pip install -e '.[{launcher}]')"
+    if launcher == "spark" and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime for Spark (apt-get install openjdk-17-jre-headless)"
+    return None
+
+
+@pytest.mark.parametrize("launcher", ["ray", "spark"])
+def test_a_ray_or_spark_job_is_traced_by_environment(launcher: str, tmp_path: Path) -> None:
+    """``horovod.ray.RayExecutor`` on a local Ray cluster, ``horovod.spark.run`` on a local
+    Spark (``local[2]``), each started by its driver: the workers inherit HVTRACE_DIR (through
+    the raylet; through Spark's JVM and Horovod's task services); both ranks traced with Gloo, on
+    one host, 40 steps each, the slowed rank named in its forward."""
+    why = _driver_reason(launcher)
+    if why:
+        pytest.skip(why)
     trace = tmp_path / "trace"
-    script = [sys.executable, str(DATA / "plain_ray.py"), "--np", "2", "--steps", "40"]
+    script = [sys.executable, str(DATA / f"plain_{launcher}.py"), "--np", "2", "--steps", "40"]
     script += ["--slow-rank", "1", "--slow-ms", "30"]
-    proc = run_job(script, {"HVTRACE_DIR": str(trace)}, tmp_path, 300, True, "ray driver")
+    env = {"HVTRACE_DIR": str(trace)}
+    proc = run_job(script, env, tmp_path, 300, True, f"{launcher} driver")
     assert "losses" in proc.stdout, describe(proc)
     run = load_run(trace)
     assert run.complete and sorted(run.ranks) == [0, 1], (run.problems, describe(proc))
+    assert {run.header(r).get("controller") for r in (0, 1)} == {"gloo"}, run.header(0)
     assert len(set(run.hosts.values())) == 1, run.hosts
     steps = run.spans[run.spans["kind"] == "step"].groupby("rank").size().to_dict()
     assert steps == {0: 40, 1: 40}, steps
