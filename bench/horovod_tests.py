@@ -10,12 +10,16 @@ test must end the same way both times (a test that fails here without hvtrace ma
 for the same reason); the table says how each ended, whether the traced run recorded rank files,
 and any test that ended differently. Exit status 1 if one did.
 
-The tests are not in Horovod's PyPI package: pass a checkout of Horovod 0.28.1 (its
-``test/parallel/test_torch.py`` and ``test/utils/``, which imports ``mock`` and ``cloudpickle``)::
+Horovod's PyPI package lacks its tests: they are vendored, unchanged, in
+``tests/upstream/horovod`` (v0.28.1: ``test/parallel/test_torch.py`` and ``test/utils/``, which
+imports ``mock`` and ``cloudpickle``); ``--horovod-src`` points at another checkout::
 
-    git clone --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod
-    .venv/bin/python bench/horovod_tests.py --horovod-src /tmp/horovod  # optimizer tests
-    .venv/bin/python bench/horovod_tests.py --horovod-src /tmp/horovod --tests all
+    .venv/bin/python bench/horovod_tests.py                         # optimizer tests, a launch each
+    .venv/bin/python bench/horovod_tests.py --tests all --together  # the file, a launch a mode
+
+``--together`` runs the selected tests in one ``horovodrun`` per mode (as Horovod's own CI runs
+the file), the outcome of each read from pytest's summary on every rank (a test failed on one
+rank failed); without it, each test has its own launch (isolated, slower).
 """
 
 from __future__ import annotations
@@ -33,10 +37,17 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+#: Horovod 0.28.1's tests, vendored (tests/upstream/horovod/README.md).
+VENDORED = Path(__file__).resolve().parent.parent / "tests" / "upstream" / "horovod"
 TEST_FILE = Path("test/parallel/test_torch.py")
 #: Words in a test's body that make it an optimizer test (the default selection).
 OPTIMIZER_WORDS = ("DistributedOptimizer", "broadcast_optimizer_state", "optimizer")
 OUTCOME = re.compile(r"\b(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
+#: pytest -rA's summary line of one test, on a rank (horovodrun prefixes ``[R]<stdout>:``).
+SUMMARY_LINE = re.compile(
+    r"^(?:\[(\d+)\]<std\w+>:)?(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) \S*::TorchTests::(\w+)",
+    re.M,
+)
 ERROR_LINE = re.compile(r"^(?:\[\d+\]<std\w+>:)?E\s+(\w+(?:Error|Exception|Warning)\b.*)$", re.M)
 
 
@@ -56,16 +67,16 @@ def test_names(source: str, which: str) -> list[str]:
     return names
 
 
-def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float) -> dict:
-    """Run one test under horovodrun; return how it ended."""
+def _launch(work: Path, names: list[str], trace: Path | None, np: int, timeout_s: float):
+    """Run ``names`` in one ``horovodrun``; return (output, exit code or None on timeout, s)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HVTRACE", "HOROVOD_TIME"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("OMP_NUM_THREADS", "1")
     if trace is not None:
         env["HVTRACE_DIR"] = str(trace)
-    node = f"{TEST_FILE}::TorchTests::{name}"
+    nodes = [f"{TEST_FILE}::TorchTests::{name}" for name in names]
     cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
-    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node]
+    cmd += [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodes]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
@@ -75,8 +86,10 @@ def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
         rc = None
-    counts = sorted({(m.group(2).rstrip("s"), int(m.group(1))) for m in OUTCOME.finditer(out)})
-    ended = "timeout" if rc is None else "+".join(k for k, _ in counts) or f"exit {rc}"
+    return out, rc, time.monotonic() - t0
+
+
+def _result(out: str, rc: int | None, wall_s: float, trace: Path | None, ended: str) -> dict:
     errors = sorted({e.strip()[:120] for e in ERROR_LINE.findall(out)})
     files = 0
     if trace is not None and trace.is_dir():
@@ -86,7 +99,7 @@ def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float
         "rc": rc,
         "errors": errors,
         "files": files,
-        "wall_s": round(time.monotonic() - t0, 1),
+        "wall_s": round(wall_s, 1),
         "hvtrace_warnings": sorted(
             {line.split("hvtrace:", 1)[1].strip()[:160] for line in out.splitlines()
              if "hvtrace:" in line}
@@ -94,9 +107,51 @@ def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float
     }  # fmt: skip
 
 
+def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float) -> dict:
+    """Run one test under its own horovodrun; return how it ended."""
+    out, rc, wall_s = _launch(work, [name], trace, np, timeout_s)
+    counts = sorted({(m.group(2).rstrip("s"), int(m.group(1))) for m in OUTCOME.finditer(out)})
+    ended = "timeout" if rc is None else "+".join(k for k, _ in counts) or f"exit {rc}"
+    return _result(out, rc, wall_s, trace, ended)
+
+
+def run_together(
+    work: Path, names: list[str], trace: Path | None, np: int, timeout_s: float
+) -> dict[str, dict]:
+    """Run ``names`` in one horovodrun; return how each ended (pytest's summary lines on every
+    rank: failed or error on one rank makes the test's outcome that; a test with no line on some
+    rank ended ``no result`` there, e.g. after a crash or a timeout)."""
+    out, rc, wall_s = _launch(work, names, trace, np, timeout_s)
+    seen: dict[str, dict[int, str]] = {}
+    for m in SUMMARY_LINE.finditer(out):
+        seen.setdefault(m.group(3), {})[int(m.group(1) or 0)] = m.group(2).lower()
+    rank = {"error": 0, "failed": 1, "xpass": 2, "passed": 3, "xfail": 4, "skipped": 5}
+    results = {}
+    for name in names:
+        per_rank = seen.get(name, {})
+        got = [per_rank.get(r, "no result") for r in range(np)]
+        ended = min(got, key=lambda o: rank.get(o, -1))
+        results[name] = _result("", rc, wall_s, None, ended)
+    files = 0
+    if trace is not None and trace.is_dir():
+        files = sum(1 for p in trace.iterdir() if p.suffix in (".arrows", ".parquet"))
+    for r in results.values():
+        r["files_all"] = files  # one trace directory for every test of the launch
+    results["__launch__"] = _result(
+        out, rc, wall_s, trace, "timeout" if rc is None else f"exit {rc}"
+    )
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--horovod-src", required=True, type=Path, help="a Horovod 0.28.1 checkout")
+    p.add_argument(
+        "--horovod-src",
+        type=Path,
+        default=VENDORED,
+        help="a Horovod 0.28.1 checkout (default: the vendored tests/upstream/horovod)",
+    )
+    p.add_argument("--together", action="store_true", help="one horovodrun per mode, not per test")
     p.add_argument("--tests", default="optimizer", help="all, optimizer (default) or names")
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=300)
@@ -117,24 +172,34 @@ def main(argv: list[str] | None = None) -> int:
         (work / TEST_FILE).parent.mkdir(parents=True)
         shutil.copy2(src, work / TEST_FILE)
         shutil.copytree(args.horovod_src / "test" / "utils", work / "test" / "utils")
-        for i, name in enumerate(names, 1):
-            without = run_one(work, name, None, args.np, args.timeout_s)
-            traced = run_one(work, name, work / "traces" / name, args.np, args.timeout_s)
+        if args.together:
+            w_all = run_together(work, names, None, args.np, args.timeout_s)
+            t_all = run_together(work, names, work / "traces" / "all", args.np, args.timeout_s)
+            for mode, r in (("without", w_all), ("with", t_all)):
+                launch = r.pop("__launch__")
+                print(f"{mode} hvtrace: one launch, {launch['ended']}, {launch['wall_s']} s, "
+                      f"{launch['files']} rank files", flush=True)  # fmt: skip
+            pairs = [(name, w_all[name], t_all[name]) for name in names]
+        else:
+            pairs = []
+            for i, name in enumerate(names, 1):
+                without = run_one(work, name, None, args.np, args.timeout_s)
+                traced = run_one(work, name, work / "traces" / name, args.np, args.timeout_s)
+                pairs.append((name, without, traced))
+                print(f"[{i}/{len(names)}] {name}: without {without['ended']}, with "
+                      f"{traced['ended']} ({traced['files']} rank files)", flush=True)  # fmt: skip
+        for name, without, traced in pairs:
             same = (without["ended"], without["errors"]) == (traced["ended"], traced["errors"])
             results[name] = {"without": without, "with": traced, "same": same}
-            mark = "" if same else "   <-- ENDED DIFFERENTLY"
-            print(
-                f"[{i}/{len(names)}] {name}: without {without['ended']}, with {traced['ended']} "
-                f"({traced['files']} rank files){mark}",
-                flush=True,
-            )
     differ = [n for n, r in results.items() if not r["same"]]
     print("\n| test | without hvtrace | with hvtrace (by environment) | rank files |")
+    # (with --together: one trace directory for the launch, so no per-test count: -)
     print("|---|---|---|---|")
     for name, r in results.items():
         w, t = r["without"], r["with"]
         flag = "" if r["same"] else " **differs**"
-        print(f"| `{name}` | {w['ended']} | {t['ended']}{flag} | {t['files']} |")
+        files = "-" if args.together else t["files"]
+        print(f"| `{name}` | {w['ended']} | {t['ended']}{flag} | {files} |")
     traced = sum(1 for r in results.values() if r["with"]["files"])
     print(
         f"\n{len(results)} tests, {len(results) - len(differ)} ended the same, "

@@ -1,5 +1,5 @@
 """The ``hvtrace`` command line, all of it: ``run``, ``info``, ``compact``, ``analyze``,
-``dashboard``.
+``diff``, ``dashboard``.
 
 Each sub-command is a parser here and a ``_cmd_*`` function that turns its arguments into calls
 of the library (which never sees argparse), importing what it needs only when it runs: ``hvtrace
@@ -184,6 +184,70 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from hvtrace.analysis import analyze
+    from hvtrace.analysis.diff import diff_runs
+    from hvtrace.export.diff import format_diff, write_diff_json
+    from hvtrace.export.output import check_output
+    from hvtrace.format.read import find_trace_files
+    from hvtrace.load import open_run
+
+    if args.skip_steps < 0:
+        raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
+    inputs = [*find_trace_files(args.run_a), *find_trace_files(args.run_b)]
+    if args.json and args.json != "-":
+        check_output(args.json, inputs)
+    analyses = []
+    for which, run_dir in (("A", args.run_a), ("B", args.run_b)):
+        run = open_run(run_dir, progress=_progress(f"opening run {which}"))
+        with _RankProgress(f"analyzing run {which}") as progress:
+            analyses.append(
+                analyze(run, steps=args.steps, skip_steps=args.skip_steps, progress=progress)
+            )
+    d = diff_runs(*analyses)
+    if args.json:
+        p = write_diff_json(d, args.json, inputs)
+        if args.json == "-":
+            return 0
+        print(format_diff(d))
+        print(f"\nsummary: {p}")
+        return 0
+    print(format_diff(d))
+    return 0
+
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="what changed between two runs, and where: step time, phases, causes, "
+        "stragglers, tensors, configuration",
+        description="Compare run B with run A (the baseline): the change in step time with its "
+        "confidence interval, the phases it went to (they add up), why (CPU time, waiting for "
+        "a CPU, blocked), stragglers that appeared or went, each tensor's allreduce, and the "
+        "configuration each run recorded. Each run is analyzed as by 'hvtrace analyze'.",
+    )
+    p.add_argument("run_a", metavar="RUN_A", help="the baseline run's directory")
+    p.add_argument("run_b", metavar="RUN_B", help="the run to compare with it")
+    p.add_argument(
+        "--steps",
+        metavar="A:B",
+        type=_step_range,
+        default=None,
+        help="compare steps A..B-1 of each run only",
+    )
+    p.add_argument(
+        "--skip-steps",
+        metavar="N",
+        type=int,
+        default=1,
+        help="leave steps 0..N-1 (warm-up) out of both runs (default 1)",
+    )
+    p.add_argument(
+        "--json", metavar="PATH", default=None, help="write the comparison as JSON ('-': stdout)"
+    )
+    p.set_defaults(func=_cmd_diff)
+
+
 def _html_writer() -> Any:
     """The HTML report's writer (it draws the dashboard's charts: plotly is needed)."""
     try:
@@ -287,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--run-id", default=None, help="compact only this run's files")
     compact.set_defaults(func=_cmd_compact)
     _add_analyze(sub)
+    _add_diff(sub)
     _add_dashboard(sub)
     return p
 

@@ -354,6 +354,8 @@ class Analysis:
     #: Horovod's controller, from the header: ``"mpi"`` (mpirun, horovodrun --mpi), ``"gloo"``
     #: (horovodrun --gloo, Ray, Spark), empty when not recorded.
     controller: str = ""
+    #: Versions the header recorded: ``torch``, ``horovod``, ``hvtrace`` (None: not recorded).
+    versions: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def lightning(self) -> str | None:

@@ -324,6 +324,10 @@ def analyze(
     a.framework = dict(fw) if isinstance(fw, dict) else {}
     ctl = h0.get("controller")
     a.controller = ctl if ctl in ("mpi", "gloo") else ""
+    a.versions = {
+        k: (str(h0[f"{k}_version"]) if h0.get(f"{k}_version") is not None else None)
+        for k in ("torch", "horovod", "hvtrace")
+    }
     a.clock = run.clock_summary()
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)

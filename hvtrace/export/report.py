@@ -723,7 +723,15 @@ def write_json(
 
     Written whole or not at all, never over one of ``inputs`` (see
     :func:`hvtrace.export.output.open_output`)."""
-    text = json.dumps(analysis_to_dict(a), indent=1)
+    return write_json_doc(analysis_to_dict(a), path, inputs)
+
+
+def write_json_doc(
+    doc: dict[str, Any], path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """Write the JSON document ``doc`` to ``path`` (``-``: stdout), whole or not at all, never
+    over one of ``inputs``; return the path."""
+    text = json.dumps(doc, indent=1)
     if str(path) == "-":
         sys.stdout.write(text + "\n")
         return Path("-")

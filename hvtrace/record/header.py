@@ -57,6 +57,7 @@ def build_header(
         "cpu_derived_max_ns": counters_derived_max_ns,
         "torch_version": _version("torch"),
         "horovod_version": _version("horovod"),
+        "hvtrace_version": _version("hvtrace"),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         "controller": _controller(hvd),
         "optimizer": {

@@ -1,0 +1,187 @@
+"""``hvtrace diff``: two runs compared, as text for a terminal and as JSON.
+
+Renders a :class:`hvtrace.analysis.diff.RunDiff`; computes nothing of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hvtrace.analysis.diff import MIN_REL_CHANGE, RunDiff
+from hvtrace.export.report import WIDTH, _clean, _records, wrap, write_json_doc
+from hvtrace.units import format_bytes, printable
+
+#: Tensors listed in the text (largest change first); the JSON has them all.
+TEXT_TENSORS = 8
+
+
+def _ms(x: Any, sign: bool = False) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:+.2f}" if sign else f"{x:.2f}"
+
+
+def _val(x: Any) -> str:
+    if x is None:
+        return "(not recorded)"
+    if isinstance(x, float):
+        return f"{x:g}"
+    return printable(x)
+
+
+def format_diff(d: RunDiff, width: int = WIDTH) -> str:
+    """Return ``d`` as plain text lines no wider than ``width``."""
+    L: list[str] = []
+    L += wrap(f"hvtrace diff: A = run {d.a_id or '?'} ({d.a_dir}), B = run {d.b_id or '?'} "
+              f"({d.b_dir})", width)  # fmt: skip
+    for n in d.notes:
+        L += wrap("note: " + n, width)
+    s = d.step
+    lo, hi = s["ci_ms"]
+    if not math.isfinite(s["delta_ms"]):
+        L += ["", "step time: no analyzed steps in one of the runs"]
+        return "\n".join(L)
+    head = (
+        f"step time (median): {_ms(s['median_a_ms'])} -> {_ms(s['median_b_ms'])} ms, "
+        f"{_ms(s['delta_ms'], True)} ms ({s['rel']:+.1%}; 95% interval {_ms(lo, True)} .. "
+        f"{_ms(hi, True)} ms; {s['steps_a']} and {s['steps_b']} steps)"
+    )
+    L += ["", *wrap(head, width)]
+    if s["significant"]:
+        L += wrap(f"{'slower' if s['delta_ms'] > 0 else 'faster'}: a significant change", width)
+    else:
+        why = (
+            f"under {MIN_REL_CHANGE:.0%} of A's step"
+            if lo > 0 or hi < 0
+            else "the interval includes no change"
+        )
+        L += wrap(f"no significant change ({why})", width)
+
+    L += ["", "Where it went (mean ms per rank and step; the changes add up to the total)"]
+    L.append(f"{'part':<12}{'A':>9}{'B':>9}{'change':>9}  {'95% interval':<19}{'share':>7}")
+    p = d.parts
+    for r in p.itertuples():
+        if abs(r.a_ms) < 0.005 and abs(r.b_ms) < 0.005:
+            continue
+        ci = f"{_ms(r.ci_lo_ms, True)} .. {_ms(r.ci_hi_ms, True)}"
+        share = f"{r.share:.0%}" if math.isfinite(r.share) else "-"
+        L.append(
+            f"{r.part:<12}{_ms(r.a_ms):>9}{_ms(r.b_ms):>9}{_ms(r.delta_ms, True):>9}  "
+            f"{ci:<19}{share:>7}"
+        )
+    total = s["mean_b_ms"] - s["mean_a_ms"]
+    means = f"{_ms(s['mean_a_ms']):>9}{_ms(s['mean_b_ms']):>9}{_ms(total, True):>9}"
+    L.append(f"{'step (mean)':<12}{means}")
+
+    if len(d.causes):
+        L += ["", "Why (mean ms per rank and step: CPU time, waiting for a CPU, neither)"]
+        L.append(f"{'phase':<10}{'cause':<12}{'A':>9}{'B':>9}{'change':>9}")
+        for r in d.causes.itertuples():
+            if abs(r.delta_ms) < 0.05:
+                continue
+            L.append(
+                f"{r.phase:<10}{r.cause:<12}{_ms(r.a_ms):>9}{_ms(r.b_ms):>9}"
+                f"{_ms(r.delta_ms, True):>9}"
+            )
+
+    L += ["", "Stragglers"]
+    if d.ranks.empty:
+        L.append("none named in either run")
+    for r in d.ranks.itertuples():
+        if r.status == "new":
+            text = f"rank {r.rank} became a straggler in B: {r.phase_b}"
+            text += f", {r.cause_b}" if r.cause_b else ""
+            text += f", {_ms(r.late_b_ms)} ms late"
+        elif r.status == "gone":
+            text = f"rank {r.rank} is no longer a straggler (in A: {r.phase_a}"
+            text += f", {r.cause_a}" if r.cause_a else ""
+            text += f", {_ms(r.late_a_ms)} ms late)"
+        else:
+            text = (
+                f"rank {r.rank} is a straggler in both: {r.phase_a} -> {r.phase_b}, "
+                f"{_ms(r.late_a_ms)} -> {_ms(r.late_b_ms)} ms late"
+            )
+        L += wrap(text, width)
+
+    L += ["", "Communication (run medians)"]
+    names = {
+        "exposed_ms": ("exposed allreduce ms", _ms),
+        "exposed_share": ("exposed share of step", _pct),
+        "comm_compute_ratio": ("comm/compute", _ratio),
+        "overlap": ("hidden under compute", _pct),
+        "busbw_gbps": ("bus bandwidth GB/s", _ratio),
+        "bytes_per_step": ("bytes per step", _bytes),
+        "tensors_per_step": ("tensors per step", _ratio),
+    }
+    for k, (va, vb) in d.comm.items():
+        label, f = names[k]
+        L.append(f"{label:<24}{f(va):>12}{f(vb):>12}")
+
+    t = d.tensors
+    if len(t):
+        L += ["", f"Allreduce per tensor (median ms; {min(len(t), TEXT_TENSORS)} of {len(t)}, "
+              "largest change first)"]  # fmt: skip
+        L.append(f"{'tensor':<30}{'bytes A':>11}{'bytes B':>11}{'A':>8}{'B':>8}{'change':>8}")
+        for r in t.head(TEXT_TENSORS).itertuples():
+            name = printable(r.name)
+            name = name if len(name) <= 28 else name[:27] + "…"
+            mark = f" {r.status}" if r.status else ""
+            L.append(
+                f"{name:<30}{_bytes(r.bytes_a):>11}{_bytes(r.bytes_b):>11}"
+                f"{_ms(r.time_a_ms):>8}{_ms(r.time_b_ms):>8}{_ms(r.delta_ms, True):>8}{mark}"
+            )
+
+    L += ["", "Configuration"]
+    if not d.config:
+        L.append(f"the same in both runs ({d.config_same} settings recorded)")
+    else:
+        L.append(f"{len(d.config)} differ ({d.config_same} the same):")
+        for k, va, vb in d.config:
+            L += wrap(f"{printable(k)}: {_val(va)} -> {_val(vb)}", width, first="  ", rest="    ")
+    return "\n".join(L)
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.0%}"
+
+
+def _ratio(x: Any) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
+def _bytes(x: Any) -> str:
+    return "-" if x is None or not math.isfinite(float(x)) else format_bytes(int(x))
+
+
+def diff_to_dict(d: RunDiff) -> dict[str, Any]:
+    """Return the JSON form of a :class:`RunDiff` (plain Python types; NaN becomes None).
+
+    Keys: ``a`` / ``b`` (run id and directory), ``step``, ``parts``, ``causes``, ``stragglers``,
+    ``tensors``, ``communication`` (figure -> [A, B]), ``config`` (list of {what, a, b}: the
+    settings that differ), ``config_same``, ``notes``: the fields of :class:`RunDiff`."""
+    return _clean(
+        {
+            "a": {"run_id": d.a_id, "run_dir": d.a_dir},
+            "b": {"run_id": d.b_id, "run_dir": d.b_dir},
+            "step": d.step,
+            "parts": _records(d.parts),
+            "causes": _records(d.causes),
+            "stragglers": _records(d.ranks),
+            "tensors": _records(d.tensors),
+            "communication": {k: list(v) for k, v in d.comm.items()},
+            "config": [{"what": k, "a": va, "b": vb} for k, va, vb in d.config],
+            "config_same": d.config_same,
+            "notes": d.notes,
+        }
+    )
+
+
+def write_diff_json(
+    d: RunDiff, path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """Write :func:`diff_to_dict` to ``path`` (``-``: stdout), never over one of ``inputs``."""
+    return write_json_doc(diff_to_dict(d), path, inputs)
