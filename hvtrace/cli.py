@@ -1,5 +1,5 @@
 """The ``hvtrace`` command line, all of it: ``run``, ``info``, ``compact``, ``analyze``,
-``diff``, ``dashboard``.
+``diff``, ``scaling``, ``dashboard``.
 
 Each sub-command is a parser here and a ``_cmd_*`` function that turns its arguments into calls
 of the library (which never sees argparse), importing what it needs only when it runs: ``hvtrace
@@ -185,35 +185,85 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from hvtrace.analysis import analyze
     from hvtrace.analysis.diff import diff_runs
     from hvtrace.export.diff import format_diff, write_diff_json
+
+    dirs = [args.run_a, args.run_b]
+    d = diff_runs(*_analyze_runs(dirs, ["A", "B"], args.json, args.steps, args.skip_steps))
+    return _print_or_json(format_diff(d), args.json, lambda p: write_diff_json(d, p))
+
+
+def _analyze_runs(
+    dirs: list[str], labels: list[str], json_out: str | None, steps: Any, skip_steps: int
+) -> list[Any]:
+    """Analyze each run directory as ``hvtrace analyze`` does (``labels`` name them in the
+    progress bars), after checking that ``json_out`` would replace none of their files."""
+    from hvtrace.analysis import analyze
     from hvtrace.export.output import check_output
     from hvtrace.format.read import find_trace_files
     from hvtrace.load import open_run
 
-    if args.skip_steps < 0:
-        raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
-    inputs = [*find_trace_files(args.run_a), *find_trace_files(args.run_b)]
-    if args.json and args.json != "-":
-        check_output(args.json, inputs)
+    if skip_steps < 0:
+        raise TraceError(f"--skip-steps must be >= 0, not {skip_steps}")
+    inputs = [f for d in dirs for f in find_trace_files(d)]
+    if json_out and json_out != "-":
+        check_output(json_out, inputs)
     analyses = []
-    for which, run_dir in (("A", args.run_a), ("B", args.run_b)):
-        run = open_run(run_dir, progress=_progress(f"opening run {which}"))
-        with _RankProgress(f"analyzing run {which}") as progress:
-            analyses.append(
-                analyze(run, steps=args.steps, skip_steps=args.skip_steps, progress=progress)
-            )
-    d = diff_runs(*analyses)
-    if args.json:
-        p = write_diff_json(d, args.json, inputs)
-        if args.json == "-":
+    for label, run_dir in zip(labels, dirs, strict=True):
+        run = open_run(run_dir, progress=_progress(f"opening run {label}"))
+        with _RankProgress(f"analyzing run {label}") as progress:
+            analyses.append(analyze(run, steps=steps, skip_steps=skip_steps, progress=progress))
+    return analyses
+
+
+def _print_or_json(text: str, json_out: str | None, write: Callable[[str], Any]) -> int:
+    """Print ``text``, and with ``json_out`` call ``write(json_out)`` (``-``: the JSON alone,
+    on stdout)."""
+    if json_out:
+        p = write(json_out)
+        if json_out == "-":
             return 0
-        print(format_diff(d))
+        print(text)
         print(f"\nsummary: {p}")
         return 0
-    print(format_diff(d))
+    print(text)
     return 0
+
+
+def _cmd_scaling(args: argparse.Namespace) -> int:
+    from hvtrace.analysis.scaling import scaling
+    from hvtrace.export.scaling import format_scaling, write_scaling_json
+
+    if len(args.runs) < 2:
+        raise TraceError("scaling needs two runs or more (of one job at different world sizes)")
+    labels = [str(k) for k in range(1, len(args.runs) + 1)]
+    s = scaling(_analyze_runs(args.runs, labels, args.json, None, args.skip_steps))
+    return _print_or_json(format_scaling(s), args.json, lambda p: write_scaling_json(s, p))
+
+
+def _add_scaling(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "scaling",
+        help="runs of one job at different world sizes: the efficiency of each and where the "
+        "rest went",
+        description="Compare runs of one job at different world sizes (for example 1, 2 and 4 "
+        "ranks, the same batch per rank): each run's efficiency against the smallest, the time "
+        "lost per step in parts that add up (exposed communication, waiting for the last rank, "
+        "compute by cause, input, update, other), and the step predicted at twice the largest "
+        "size, with its assumptions.",
+    )
+    p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (two or more)")
+    p.add_argument(
+        "--skip-steps",
+        metavar="N",
+        type=int,
+        default=1,
+        help="leave steps 0..N-1 (warm-up) out of every run (default 1)",
+    )
+    p.add_argument(
+        "--json", metavar="PATH", default=None, help="write the comparison as JSON ('-': stdout)"
+    )
+    p.set_defaults(func=_cmd_scaling)
 
 
 def _add_diff(sub: argparse._SubParsersAction) -> None:
@@ -352,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     compact.set_defaults(func=_cmd_compact)
     _add_analyze(sub)
     _add_diff(sub)
+    _add_scaling(sub)
     _add_dashboard(sub)
     return p
 

@@ -1,0 +1,79 @@
+"""``hvtrace scaling``: where scaling is lost, as text and JSON.
+
+Renders a :class:`hvtrace.analysis.scaling.Scaling`; computes nothing of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hvtrace.analysis.scaling import LOSS_LABELS, LOSS_PARTS, Scaling
+from hvtrace.export.report import WIDTH, _clean, _records, wrap, write_json_doc
+
+
+def _f(x: Any, fmt: str = ".2f") -> str:
+    return "-" if x is None or not math.isfinite(float(x)) else format(float(x), fmt)
+
+
+def format_scaling(s: Scaling, width: int = WIDTH) -> str:
+    """Return ``s`` as plain text lines no wider than ``width``."""
+    t = s.runs
+    L = wrap(f"hvtrace scaling: {len(t)} runs, {', '.join(str(n) for n in t['size'])} ranks", width)
+    for n in s.notes:
+        L += wrap("note: " + n, width)
+    L += ["", f"{'ranks':>5}{'median':>9}{'mean':>9}{'efficiency':>12}{'speedup':>9}"
+          f"{'lost ms':>9}  run"]  # fmt: skip
+    for r in t.itertuples():
+        L.append(
+            f"{r.size:>5}{_f(r.median_step_ms):>9}{_f(r.step_ms):>9}{_f(r.efficiency, '.0%'):>12}"
+            f"{_f(r.speedup, '.2f'):>9}{_f(r.loss_ms, '+.2f'):>9}  {r.run_id}"
+        )
+    L += wrap(
+        "step ms per rank and step: the median (as hvtrace analyze reports it) and the mean, "
+        "which the efficiency and the lost time are of (the mean's parts add up)",
+        width,
+    )
+    used = [p for p in LOSS_PARTS if (t[p].abs() >= 0.005).any()]
+    if len(t) > 1 and used:
+        L += ["", "Where the time went (ms per step against the smallest run; they add up)"]
+        L.append(f"{'':<30}" + "".join(f"{n:>9}" for n in t["size"].iloc[1:]))
+        for p in used:
+            L.append(f"{LOSS_LABELS[p]:<30}" + "".join(f"{v:>+9.2f}" for v in t[p].iloc[1:]))
+        L.append(f"{'total':<30}" + "".join(f"{v:>+9.2f}" for v in t["loss_ms"].iloc[1:]))
+    if s.prediction:
+        p = s.prediction
+        text = (
+            f"at {p['size']} ranks (predicted): a step of about {_f(p['step_ms'])} ms, "
+            f"efficiency {_f(p['efficiency'], '.0%')} ({_f(p['comm_growth_ms'], '+.2f')} ms of "
+            "allreduce per step)"
+        )
+        L += ["", *wrap(text, width)]
+    L += ["", "Assumptions"]
+    for a in s.assumptions:
+        L += wrap("- " + a, width)
+    return "\n".join(L)
+
+
+def scaling_to_dict(s: Scaling) -> dict[str, Any]:
+    """The JSON form: ``runs`` (one record per run, :attr:`Scaling.runs`' columns),
+    ``prediction``, ``assumptions``, ``notes``."""
+    return _clean(
+        {
+            "runs": _records(s.runs),
+            "parts": {p: LOSS_LABELS[p] for p in LOSS_PARTS},
+            "prediction": s.prediction,
+            "assumptions": s.assumptions,
+            "notes": s.notes,
+        }
+    )
+
+
+def write_scaling_json(
+    s: Scaling, path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """Write :func:`scaling_to_dict` to ``path`` (``-``: stdout), never over one of ``inputs``."""
+    return write_json_doc(scaling_to_dict(s), path, inputs)
