@@ -43,9 +43,9 @@ TEST_FILE = Path("test/parallel/test_torch.py")
 #: Words in a test's body that make it an optimizer test (the default selection).
 OPTIMIZER_WORDS = ("DistributedOptimizer", "broadcast_optimizer_state", "optimizer")
 OUTCOME = re.compile(r"\b(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
-#: pytest -rA's summary line of one test, on a rank (horovodrun prefixes ``[R]<stdout>:``).
-SUMMARY_LINE = re.compile(
-    r"^(?:\[(\d+)\]<std\w+>:)?(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) \S*::TorchTests::(\w+)",
+#: pytest -v's line of one test's outcome, on a rank (horovodrun prefixes ``[R]<stdout>:``).
+RESULT_LINE = re.compile(
+    r"^(?:\[(\d+)\]<std\w+>:)?\S*::TorchTests::(\w+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b",
     re.M,
 )
 ERROR_LINE = re.compile(r"^(?:\[\d+\]<std\w+>:)?E\s+(\w+(?:Error|Exception|Warning)\b.*)$", re.M)
@@ -76,7 +76,7 @@ def _launch(work: Path, names: list[str], trace: Path | None, np: int, timeout_s
         env["HVTRACE_DIR"] = str(trace)
     nodes = [f"{TEST_FILE}::TorchTests::{name}" for name in names]
     cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo"]
-    cmd += [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodes]
+    cmd += [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *nodes]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
@@ -118,13 +118,13 @@ def run_one(work: Path, name: str, trace: Path | None, np: int, timeout_s: float
 def run_together(
     work: Path, names: list[str], trace: Path | None, np: int, timeout_s: float
 ) -> dict[str, dict]:
-    """Run ``names`` in one horovodrun; return how each ended (pytest's summary lines on every
-    rank: failed or error on one rank makes the test's outcome that; a test with no line on some
-    rank ended ``no result`` there, e.g. after a crash or a timeout)."""
+    """Run ``names`` in one horovodrun; return how each ended (pytest's ``-v`` line of each test
+    on every rank: failed or error on one rank makes the test's outcome that; a test with no
+    line on some rank ended ``no result`` there, e.g. after a crash or a timeout)."""
     out, rc, wall_s = _launch(work, names, trace, np, timeout_s)
     seen: dict[str, dict[int, str]] = {}
-    for m in SUMMARY_LINE.finditer(out):
-        seen.setdefault(m.group(3), {})[int(m.group(1) or 0)] = m.group(2).lower()
+    for m in RESULT_LINE.finditer(out):
+        seen.setdefault(m.group(2), {})[int(m.group(1) or 0)] = m.group(3).lower()
     rank = {"error": 0, "failed": 1, "xpass": 2, "passed": 3, "xfail": 4, "skipped": 5}
     results = {}
     for name in names:

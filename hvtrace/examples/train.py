@@ -34,15 +34,24 @@ import hvtrace
 
 
 class MLP(nn.Module):
-    """``layers`` Linear+ReLU blocks of ``width`` units and a 10-way classifier head."""
+    """``layers`` Linear+ReLU blocks of ``width`` units and a 10-way classifier head; block
+    ``wide`` (0-based; -1: none) has ``wide_factor`` times the units."""
 
-    def __init__(self, width: int = 1024, layers: int = 6, in_dim: int = 256) -> None:
+    def __init__(
+        self,
+        width: int = 1024,
+        layers: int = 6,
+        in_dim: int = 256,
+        wide: int = -1,
+        wide_factor: int = 4,
+    ) -> None:
         super().__init__()
         blocks: list[nn.Module] = []
         d = in_dim
-        for _ in range(layers):
-            blocks += [nn.Linear(d, width), nn.ReLU()]
-            d = width
+        for k in range(layers):
+            units = width * wide_factor if k == wide else width
+            blocks += [nn.Linear(d, units), nn.ReLU()]
+            d = units
         blocks.append(nn.Linear(d, 10))
         self.net = nn.Sequential(*blocks)
 
@@ -123,6 +132,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=6)
+    p.add_argument(
+        "--wide-layer", type=int, default=-1, help="MLP block (0-based) made 4 times wider"
+    )
     p.add_argument(
         "--model", choices=["mlp", "cnn"], default="mlp", help="an MLP (default) or a small CNN"
     )
@@ -360,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = hvd.rank()
     torch.manual_seed(args.seed + (rank if args.rank_seed else 0))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    core: nn.Module = CNN() if args.model == "cnn" else MLP(args.width, args.layers)
+    wide = args.wide_layer
+    core: nn.Module = CNN() if args.model == "cnn" else MLP(args.width, args.layers, wide=wide)
     on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
     slow = (rank == args.slow_rank or on_slow_host) and args.slow_ms > 0
     model: nn.Module = (

@@ -57,7 +57,7 @@ def format_diff(d: RunDiff, width: int = WIDTH) -> str:
         why = (
             f"under {MIN_REL_CHANGE:.0%} of A's step"
             if lo > 0 or hi < 0
-            else "the interval includes no change"
+            else "its interval includes zero"
         )
         L += wrap(f"no significant change ({why})", width)
 

@@ -1,0 +1,106 @@
+"""Comparing runs under real ``horovodrun --gloo`` (issue 36): pairs of the demo MLP with one
+known change each, and the same job at 1, 2 and 4 ranks.
+
+- a block of the model made 4 times wider: its two tensors resized, the step slower, more of it
+  in backward;
+- rank 1 slowed in its forward: the straggler named as new;
+- fp16 compression: every tensor's bytes halved, the optimizer's compression named as changed;
+- the same job twice: no significant change, or one the diff puts on the host's load;
+- 1, 2 and 4 ranks: the parts of each run's lost time add up to it, and at 4 ranks on this
+  2-core machine the ranks wait for a CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_train
+
+from hvtrace.analysis import analyze
+from hvtrace.analysis.diff import diff_runs
+from hvtrace.analysis.scaling import LOSS_PARTS, scaling
+from hvtrace.load import load_run
+
+pytestmark = pytest.mark.horovod
+
+JOB = ["--steps", "60", "--width", "512", "--layers", "4", "--batch-size", "64"]
+
+
+def _run(tmp_path_factory, name: str, *args: str, np: int = 2):
+    d = tmp_path_factory.mktemp(name)
+    env = {"HVTRACE_LIVE_EVERY": "0"}
+    run_train(*JOB, "--trace-dir", d / "trace", *args, np=np, env=env, cwd=d)
+    return analyze(load_run(d / "trace"))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return _run(tmp_path_factory, "base")
+
+
+def test_a_wider_layer_resizes_its_tensors_and_slows_the_backward(base, tmp_path_factory) -> None:
+    d = diff_runs(base, _run(tmp_path_factory, "wide", "--wide-layer", "1"))
+    assert d.step["significant"] and d.step["delta_ms"] > 0, d.step
+    resized = set(d.tensors.loc[d.tensors["status"] == "resized", "name"])
+    assert resized == {"net.2.weight", "net.2.bias", "net.4.weight"}, d.tensors
+    parts = d.parts.set_index("part")["delta_ms"]
+    assert parts["backward"] > 0 and parts["forward"] > 0, parts
+    assert parts["backward"] >= parts.drop(["backward", "wait"]).max(), parts
+
+
+def test_a_slowed_rank_is_a_new_straggler(base, tmp_path_factory) -> None:
+    slow = _run(tmp_path_factory, "slow", "--slow-rank", "1", "--slow-ms", "25")
+    d = diff_runs(base, slow)
+    assert d.step["significant"] and d.step["delta_ms"] > 10, d.step
+    r = d.ranks.set_index("rank")
+    assert list(r.index) == [1], d.ranks
+    assert (r.at[1, "phase_b"], r.at[1, "cause_b"]) == ("forward", "blocked"), d.ranks
+    # new, or (on a host short of CPU, where the clean run named rank 1 for waiting for a CPU)
+    # named in both, then for another phase and cause
+    assert r.at[1, "status"] == "new" or r.at[1, "cause_a"] == "contention", d.ranks
+    causes = d.causes.set_index(["phase", "cause"])["delta_ms"]
+    # the sleep, blocked: 25 ms on rank 1, 12.5 ms per rank and step of the two
+    assert causes[("forward", "blocked")] == pytest.approx(12.5, abs=2.5), d.causes
+
+
+def test_fp16_compression_halves_the_bytes_and_is_named(base, tmp_path_factory) -> None:
+    d = diff_runs(base, _run(tmp_path_factory, "fp16", "--fp16"))
+    t = d.tensors
+    assert (t["bytes_b"] * 2 == t["bytes_a"]).all(), t[["name", "bytes_a", "bytes_b"]]
+    changed = {k: (a, b) for k, a, b in d.config}
+    assert changed.get("optimizer compression") == ("NoneCompressor", "FP16Compressor"), d.config
+
+
+def test_the_same_job_twice_is_no_significant_change(tmp_path_factory) -> None:
+    """Two runs of one job, one after the other: no significant change; unless the host's
+    load changed between them (on this shared 2-core machine a run can wait for a CPU several
+    ms per step more than the next), and then the diff must say that the host's load, not the
+    job, made the difference: the runs' change in waiting for a CPU accounts for most of it."""
+    a = _run(tmp_path_factory, "same-a")
+    d = diff_runs(a, _run(tmp_path_factory, "same-b"))
+    # no rank named for its own work in either run (one waiting for a CPU is the host's)
+    causes = set(d.ranks["cause_a"].dropna()) | set(d.ranks["cause_b"].dropna())
+    assert not d.config and causes <= {"contention"}, (d.config, d.ranks)
+    if d.step["significant"]:
+        more_runq = d.causes.loc[d.causes["cause"] == "contention", "delta_ms"].sum()
+        mean_change = d.step["mean_b_ms"] - d.step["mean_a_ms"]
+        assert any("for a CPU" in n for n in d.notes), (d.step, d.notes)
+        assert more_runq * mean_change > 0 and abs(more_runq) >= 0.5 * abs(mean_change), (
+            d.step,
+            d.causes,
+        )
+
+
+def test_one_two_and_four_ranks(base, tmp_path_factory) -> None:
+    runs = [_run(tmp_path_factory, f"np{n}", np=n) for n in (1, 4)]
+    s = scaling([base, *runs])
+    t = s.runs
+    assert list(t["size"]) == [1, 2, 4]
+    for r in t.itertuples():
+        parts = sum(getattr(r, p) for p in LOSS_PARTS)
+        assert parts == pytest.approx(r.loss_ms, abs=1e-6)
+        assert r.loss_ms == pytest.approx(r.step_ms - t["step_ms"].iloc[0], abs=1e-6)
+    four = t.iloc[2]
+    assert four["efficiency"] < 1.0
+    # four ranks on two cores: compute waits for a CPU more than at one rank
+    assert four["compute_contention"] > 0, four.to_dict()
+    assert s.prediction["size"] == 8 and s.prediction["step_ms"] > four["step_ms"]
