@@ -200,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         flag = "" if r["same"] else " **differs**"
         files = "-" if args.together else t["files"]
         print(f"| `{name}` | {w['ended']} | {t['ended']}{flag} | {files} |")
-    traced = sum(1 for r in results.values() if r["with"]["files"])
+    if args.together:  # one trace directory for the whole traced launch
+        files = max((r["with"].get("files_all", 0) for r in results.values()), default=0)
+        traced = f"the traced launch wrote {files} rank files"
+    else:
+        traced = f"{sum(1 for r in results.values() if r['with']['files'])} traced (rank files)"
     print(
         f"\n{len(results)} tests, {len(results) - len(differ)} ended the same, "
-        f"{len(differ)} differently{': ' + ', '.join(differ) if differ else ''}; "
-        f"{traced} traced (rank files written)"
+        f"{len(differ)} differently{': ' + ', '.join(differ) if differ else ''}; {traced}"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

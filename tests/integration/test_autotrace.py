@@ -308,3 +308,31 @@ def test_an_mpirun_job_is_traced_by_environment(tmp_path: Path) -> None:
     )  # fmt: skip
     head = " ".join(report.stdout.split("\n\n")[0].split()[:20])
     assert "Horovod over MPI" in head, head
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pytorch_lightning") is None,
+    reason="pytorch-lightning is not installed (pip install -e '.[lightning]')",
+)
+def test_an_unmodified_lightning_script_under_mpirun_gets_the_callback(tmp_path: Path) -> None:
+    """The Lightning script (``Trainer(strategy="horovod")``, no hvtrace import) started by
+    ``hvtrace run -- mpirun``: Horovod's MPI controller, both ranks traced by the callback the
+    hook adds, every step split."""
+    why = _mpi_reason()
+    if why:
+        pytest.skip(why)
+    trace = tmp_path / "trace"
+    script = [sys.executable, str(DATA / "plain_lightning.py"), "--steps", "20"]
+    launcher = ["mpirun", "-np", "2", "--oversubscribe", "-x", "PATH", *script]
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    hv_run = [sys.executable, "-m", "hvtrace.cli", "run", "--dir", str(trace), "--"]
+    proc = run_job([*hv_run, *launcher], root, tmp_path, 300, True, "hvtrace run -- mpirun")
+    run = load_run(trace)
+    assert run.complete and sorted(run.ranks) == [0, 1], (run.problems, describe(proc))
+    for r in (0, 1):
+        header = run.header(r)
+        assert header.get("controller") == "mpi", header
+        assert (header.get("framework") or {}).get("name") == "pytorch_lightning", header
+    for rank in (0, 1):
+        counts = run.spans[run.spans["rank"] == rank].groupby("kind").size()
+        assert counts.get("step", 0) == 20 and counts.get("forward", 0) == 20, counts.to_dict()
