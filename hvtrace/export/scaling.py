@@ -13,6 +13,7 @@ from typing import Any
 
 from hvtrace.analysis.scaling import LOSS_LABELS, LOSS_PARTS, Scaling
 from hvtrace.export.report import WIDTH, _clean, _records, wrap, write_json_doc
+from hvtrace.units import printable
 
 
 def _f(x: Any, fmt: str = ".2f") -> str:
@@ -30,7 +31,7 @@ def format_scaling(s: Scaling, width: int = WIDTH) -> str:
     for r in t.itertuples():
         L.append(
             f"{r.size:>5}{_f(r.median_step_ms):>9}{_f(r.step_ms):>9}{_f(r.efficiency, '.0%'):>12}"
-            f"{_f(r.speedup, '.2f'):>9}{_f(r.loss_ms, '+.2f'):>9}  {r.run_id}"
+            f"{_f(r.speedup, '.2f'):>9}{_f(r.loss_ms, '+.2f'):>9}  {printable(r.run_id)}"
         )
     L += wrap(
         "step ms per rank and step: the median (as hvtrace analyze reports it) and the mean, "

@@ -88,3 +88,16 @@ def test_the_cli_on_the_sample_runs(tmp_path: Path, capsys) -> None:
     assert text.startswith("hvtrace scaling: 2 runs, 2, 4 ranks")
     js = json.loads(out.read_text())
     assert js["runs"][1]["waiting_for_last"] > 0  # the 4-rank sample's slow input
+
+
+def test_run_ids_from_the_files_reach_the_terminal_escaped() -> None:
+    """A run id is read from a trace file: a terminal escape in it is shown, not acted on, in
+    both comparisons."""
+    from hvtrace.analysis.diff import diff_runs
+    from hvtrace.export.diff import format_diff
+
+    evil = "run\x1b[2J\x07"
+    runs = [analyze_spans(synth_spans(ranks=n, steps=30, seed=n), run_id=evil) for n in (1, 2)]
+    for text in (format_scaling(scaling(runs)), format_diff(diff_runs(*runs))):
+        assert "\x1b" not in text and "\x07" not in text
+        assert "run\\x1b[2J\\x07" in text
