@@ -5,7 +5,8 @@ known change each, and the same job at 1, 2 and 4 ranks.
   in backward;
 - rank 1 slowed in its forward: the straggler named as new;
 - fp16 compression: every tensor's bytes halved, the optimizer's compression named as changed;
-- the same job twice: no significant change, or one the diff puts on the host's load;
+- the same job twice: no setting and no rank named (its step time on this VM can differ by a
+  fifth between two runs, which the diff reports as it is);
 - 1, 2 and 4 ranks: the parts of each run's lost time add up to it, and at 4 ranks on this
   2-core machine the ranks wait for a CPU.
 """
@@ -70,16 +71,13 @@ def test_fp16_compression_halves_the_bytes_and_is_named(base, tmp_path_factory) 
     assert changed.get("optimizer compression") == ("NoneCompressor", "FP16Compressor"), d.config
 
 
-def test_the_same_job_twice_is_no_significant_change(tmp_path_factory) -> None:
-    """Two runs of one job, one after the other: no significant change; unless the host's
-    load changed between them (on this shared 2-core machine a run can wait for a CPU several
-    ms per step more than the next), and then the diff must say that the host's load, not the
-    job, made the difference: the runs' change in waiting for a CPU accounts for most of it.
-
-    Long enough to be steady: a 60-step job of 15 ms steps lasts a second, and on this VM such a
-    job's steps still drift by a quarter over it (17.7 ms in its first ten steps, 12.9 in its
-    last), more in the first job after a pause; so a short job warms the machine first, and the
-    pair runs 300 steps each, their first 50 left out as warm-up."""
+def test_the_same_job_twice_names_no_change_of_the_job(tmp_path_factory) -> None:
+    """Two runs of one job, one after the other: no setting differs and no rank is named for
+    its own work in either run. Whether the step time changed significantly is not asserted on
+    real runs: on this VM two 300-step runs of the same job back to back differed by -0.4 % in
+    one try and by +22 % (14.7 -> 17.9 ms, not from waiting for a CPU) in another, which the diff
+    rightly calls significant for those two runs; the statistics are tested on synthetic runs
+    (tests/unit/test_diff.py)."""
     _run(tmp_path_factory, "warm-up")
     long = ("--steps", "300")
     a = _run(tmp_path_factory, "same-a", *long, skip_steps=50)
@@ -87,14 +85,9 @@ def test_the_same_job_twice_is_no_significant_change(tmp_path_factory) -> None:
     # no rank named for its own work in either run (one waiting for a CPU is the host's)
     causes = set(d.ranks["cause_a"].dropna()) | set(d.ranks["cause_b"].dropna())
     assert not d.config and causes <= {"contention"}, (d.config, d.ranks)
-    if d.step["significant"]:
-        more_runq = d.causes.loc[d.causes["cause"] == "contention", "delta_ms"].sum()
-        mean_change = d.step["mean_b_ms"] - d.step["mean_a_ms"]
-        assert any("for a CPU" in n for n in d.notes), (d.step, d.notes, d.parts)
-        assert more_runq * mean_change > 0 and abs(more_runq) >= 0.5 * abs(mean_change), (
-            d.step,
-            d.causes,
-        )
+    total = d.step["mean_b_ms"] - d.step["mean_a_ms"]
+    assert d.parts["delta_ms"].sum() == pytest.approx(total, abs=1e-6)
+    assert d.tensors["status"].eq("").all(), d.tensors  # the same tensors, the same sizes
 
 
 def test_one_two_and_four_ranks(base, tmp_path_factory) -> None:
