@@ -186,18 +186,20 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from hvtrace.analysis.diff import diff_runs
-    from hvtrace.export.diff import format_diff, write_diff_json
+    from hvtrace.export.diff import diff_to_dict, format_diff
 
     dirs = [args.run_a, args.run_b]
-    d = diff_runs(*_analyze_runs(dirs, ["A", "B"], args.json, args.steps, args.skip_steps))
-    return _print_or_json(format_diff(d), args.json, lambda p: write_diff_json(d, p))
+    analyses, inputs = _analyze_runs(dirs, ["A", "B"], args.json, args.steps, args.skip_steps)
+    d = diff_runs(*analyses)
+    return _print_or_json(format_diff(d), args.json, lambda: diff_to_dict(d), inputs)
 
 
 def _analyze_runs(
     dirs: list[str], labels: list[str], json_out: str | None, steps: Any, skip_steps: int
-) -> list[Any]:
+) -> tuple[list[Any], list[Any]]:
     """Analyze each run directory as ``hvtrace analyze`` does (``labels`` name them in the
-    progress bars), after checking that ``json_out`` would replace none of their files."""
+    progress bars), after checking that ``json_out`` would replace none of their files; return
+    the analyses and those files."""
     from hvtrace.analysis import analyze
     from hvtrace.export.output import check_output
     from hvtrace.format.read import find_trace_files
@@ -213,32 +215,50 @@ def _analyze_runs(
         run = open_run(run_dir, progress=_progress(f"opening run {label}"))
         with _RankProgress(f"analyzing run {label}") as progress:
             analyses.append(analyze(run, steps=steps, skip_steps=skip_steps, progress=progress))
-    return analyses
+    return analyses, inputs
 
 
-def _print_or_json(text: str, json_out: str | None, write: Callable[[str], Any]) -> int:
-    """Print ``text``, and with ``json_out`` call ``write(json_out)`` (``-``: the JSON alone,
-    on stdout)."""
+def _print_or_json(
+    text: str, json_out: str | None, doc: Callable[[], dict[str, Any]], inputs: list[Any]
+) -> int:
+    """Print ``text``; with ``json_out`` also write the JSON document ``doc()`` there, never
+    over one of ``inputs`` (``-``: the JSON alone, on stdout)."""
     if json_out:
-        p = write(json_out)
+        from hvtrace.export.report import write_json_doc
+
+        p = write_json_doc(doc(), json_out, inputs)
         if json_out == "-":
             return 0
-        print(text)
-        print(f"\nsummary: {p}")
-        return 0
+        text += f"\n\nsummary: {p}"
     print(text)
     return 0
 
 
+def _add_compare_options(p: argparse.ArgumentParser, runs: str) -> None:
+    """The options ``diff`` and ``scaling`` share: ``--skip-steps`` (of ``runs``) and
+    ``--json``."""
+    p.add_argument(
+        "--skip-steps",
+        metavar="N",
+        type=int,
+        default=1,
+        help=f"leave steps 0..N-1 (warm-up) out of {runs} (default 1)",
+    )
+    p.add_argument(
+        "--json", metavar="PATH", default=None, help="write the comparison as JSON ('-': stdout)"
+    )
+
+
 def _cmd_scaling(args: argparse.Namespace) -> int:
     from hvtrace.analysis.scaling import scaling
-    from hvtrace.export.scaling import format_scaling, write_scaling_json
+    from hvtrace.export.scaling import format_scaling, scaling_to_dict
 
     if len(args.runs) < 2:
         raise TraceError("scaling needs two runs or more (of one job at different world sizes)")
     labels = [str(k) for k in range(1, len(args.runs) + 1)]
-    s = scaling(_analyze_runs(args.runs, labels, args.json, None, args.skip_steps))
-    return _print_or_json(format_scaling(s), args.json, lambda p: write_scaling_json(s, p))
+    analyses, inputs = _analyze_runs(args.runs, labels, args.json, None, args.skip_steps)
+    s = scaling(analyses)
+    return _print_or_json(format_scaling(s), args.json, lambda: scaling_to_dict(s), inputs)
 
 
 def _add_scaling(sub: argparse._SubParsersAction) -> None:
@@ -253,16 +273,7 @@ def _add_scaling(sub: argparse._SubParsersAction) -> None:
         "size, with its assumptions.",
     )
     p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (two or more)")
-    p.add_argument(
-        "--skip-steps",
-        metavar="N",
-        type=int,
-        default=1,
-        help="leave steps 0..N-1 (warm-up) out of every run (default 1)",
-    )
-    p.add_argument(
-        "--json", metavar="PATH", default=None, help="write the comparison as JSON ('-': stdout)"
-    )
+    _add_compare_options(p, "every run")
     p.set_defaults(func=_cmd_scaling)
 
 
@@ -285,16 +296,7 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="compare steps A..B-1 of each run only",
     )
-    p.add_argument(
-        "--skip-steps",
-        metavar="N",
-        type=int,
-        default=1,
-        help="leave steps 0..N-1 (warm-up) out of both runs (default 1)",
-    )
-    p.add_argument(
-        "--json", metavar="PATH", default=None, help="write the comparison as JSON ('-': stdout)"
-    )
+    _add_compare_options(p, "both runs")
     p.set_defaults(func=_cmd_diff)
 
 

@@ -6,13 +6,10 @@ Renders a :class:`hvtrace.analysis.diff.RunDiff`; computes nothing of its own.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from hvtrace.analysis.diff import MIN_REL_CHANGE, RunDiff
-from hvtrace.export.report import WIDTH, _clean, _records, wrap, write_json_doc
+from hvtrace.export.report import WIDTH, _clean, _records, wrap
 from hvtrace.units import format_bytes, printable
 
 #: Tensors listed in the text (largest change first); the JSON has them all.
@@ -178,10 +175,3 @@ def diff_to_dict(d: RunDiff) -> dict[str, Any]:
             "notes": d.notes,
         }
     )
-
-
-def write_diff_json(
-    d: RunDiff, path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()
-) -> Path:
-    """Write :func:`diff_to_dict` to ``path`` (``-``: stdout), never over one of ``inputs``."""
-    return write_json_doc(diff_to_dict(d), path, inputs)

@@ -6,13 +6,10 @@ Renders a :class:`hvtrace.analysis.scaling.Scaling`; computes nothing of its own
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from hvtrace.analysis.scaling import LOSS_LABELS, LOSS_PARTS, Scaling
-from hvtrace.export.report import WIDTH, _clean, _records, wrap, write_json_doc
+from hvtrace.export.report import WIDTH, _clean, _records, wrap
 from hvtrace.units import printable
 
 
@@ -71,10 +68,3 @@ def scaling_to_dict(s: Scaling) -> dict[str, Any]:
             "notes": s.notes,
         }
     )
-
-
-def write_scaling_json(
-    s: Scaling, path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()
-) -> Path:
-    """Write :func:`scaling_to_dict` to ``path`` (``-``: stdout), never over one of ``inputs``."""
-    return write_json_doc(scaling_to_dict(s), path, inputs)
