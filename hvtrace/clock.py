@@ -17,6 +17,7 @@ it was obtained (``method``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +130,57 @@ def offset_at(estimates: list[ClockEstimate], local_ns: np.ndarray) -> np.ndarra
     ys = np.array([e.offset_ns for e in ests], dtype=np.float64)
     # interpolate relative to the first anchor to keep float64 precision on ns timestamps
     return np.rint(np.interp(local - xs[0], xs - xs[0], ys)).astype(np.int64)
+
+
+def step_offsets(
+    clocks: Mapping[int, list[ClockEstimate]],
+    rank: np.ndarray,
+    step: np.ndarray,
+    start_ns: np.ndarray,
+    anchors: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """THE clock-alignment rule, which every reader of spans uses (the analysis' engine, the
+    span frame, the timeline window, the Perfetto and Chrome exports, the Horovod timeline's
+    merge): all the spans of one (rank, step) move by one offset, the rank's estimates
+    (``clocks[rank]``, :func:`offset_at`) at the step's anchor: its earliest span start among
+    ``anchors`` (a mask: the step's work, not its scalars or clock rows), or among all its
+    spans where none is one. So a step keeps its shape (no span's duration changes, the order of
+    its spans stays), and drift is corrected from step to step. A rank without estimates: 0.
+
+    ``rank``, ``step``, ``start_ns``: one entry per span (any order; local times). Returns
+    ``(per_span_offset_ns, table)``: the offset to subtract from each span's local times, and
+    ``table`` the (rank, step, offset) of each cell as an int64 array of shape (cells, 3), sorted
+    by rank then step.
+    """
+    rank = np.asarray(rank, dtype=np.int64)
+    step = np.asarray(step, dtype=np.int64)
+    start = np.asarray(start_ns, dtype=np.int64)
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
+    order = np.lexsort((step, rank))
+    r, s = rank[order], step[order]
+    new = np.ones(n, bool)
+    new[1:] = (r[1:] != r[:-1]) | (s[1:] != s[:-1])
+    first = np.flatnonzero(new)
+    cell = np.cumsum(new) - 1
+    big = np.iinfo(np.int64).max
+    st = start[order]
+    anchor = np.minimum.reduceat(st, first)
+    if anchors is not None:
+        work = np.minimum.reduceat(np.where(np.asarray(anchors, bool)[order], st, big), first)
+        anchor = np.where(work != big, work, anchor)
+    cell_rank = r[first]
+    cell_off = np.zeros(len(first), np.int64)
+    for k, est in clocks.items():
+        if not est:
+            continue
+        m = cell_rank == int(k)
+        if m.any():
+            cell_off[m] = offset_at(est, anchor[m])
+    per_span = np.empty(n, np.int64)
+    per_span[order] = cell_off[cell]
+    return per_span, np.column_stack([cell_rank, s[first], cell_off])
 
 
 def drift_ppm(estimates: list[ClockEstimate]) -> float | None:

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from hvtrace.clock import ClockEstimate, drift_ppm, offset_at
+from hvtrace.clock import ClockEstimate, drift_ppm, step_offsets
 from hvtrace.format.read import (  # re-exported: see the module doc
     _COMPLETE_SQL,
     RankFile,
@@ -603,14 +604,23 @@ def _file_table(rf: RankFile, problems: list[str] | None) -> pa.Table:
 
 
 def align_times(
-    clock: list[ClockEstimate], start_ns: np.ndarray, end_ns: np.ndarray
+    clock: list[ClockEstimate],
+    step: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    kind: pa.Array | pa.ChunkedArray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's span times moved onto rank 0's clock with its estimates ``clock``: each end's
-    offset interpolated at that end (one estimate: the same offset for both). The one rule every
-    reader of spans uses (the span frame, the Perfetto export)."""
-    off_s = offset_at(clock, start_ns)
-    off_e = offset_at(clock, end_ns) if len(clock) > 1 else off_s
-    return start_ns - off_s, end_ns - off_e
+    """One rank's span times moved onto rank 0's clock with its estimates ``clock`` by the one
+    rule (:func:`hvtrace.clock.step_offsets`: one offset per step, at its first span that is
+    not a scalar or clock row, by ``kind``). Every reader of spans uses it (the span frame, the
+    Perfetto export; the engine through the same rule)."""
+    work = None
+    if kind is not None:
+        work = pc.invert(pc.is_in(pc.cast(kind, pa.string()), pa.array(["scalar", "clock"])))
+        work = work.to_numpy(zero_copy_only=False)
+    step = np.asarray(step)
+    off, _ = step_offsets({0: clock}, np.zeros(len(step), np.int64), step, start_ns, work)
+    return np.asarray(start_ns, np.int64) - off, np.asarray(end_ns, np.int64) - off
 
 
 def _span_frame(files: list[RankFile], problems: list[str] | None = None) -> pd.DataFrame:
@@ -619,7 +629,11 @@ def _span_frame(files: list[RankFile], problems: list[str] | None = None) -> pd.
     for rf in files:
         t = _file_table(rf, problems)
         start, end = align_times(
-            rf.clock, t.column("start_ns").to_numpy(), t.column("end_ns").to_numpy()
+            rf.clock,
+            t.column("step").to_numpy(),
+            t.column("start_ns").to_numpy(),
+            t.column("end_ns").to_numpy(),
+            t.column("kind"),
         )
         t = t.set_column(t.schema.get_field_index("start_ns"), "start_ns", pa.array(start))
         t = t.set_column(t.schema.get_field_index("end_ns"), "end_ns", pa.array(end))

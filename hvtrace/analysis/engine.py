@@ -12,8 +12,9 @@ A run of any size is analyzed without ever holding its spans in one frame:
    - per (step, tensor), over the group's ranks: partial collective aggregates (earliest and
      latest enqueue, earliest completion, bytes, count), which combine across groups.
 
-   Times are moved onto rank 0's clock here, per (rank, step): the offset is interpolated at the
-   step's start (drift within one step is parts per million of it). Each group is independent:
+   Times are moved onto rank 0's clock here by the one rule every reader uses
+   (:func:`hvtrace.clock.step_offsets`): per (rank, step), the offset interpolated at the step's
+   first span of work (drift within one step is parts per million of it). Each group is independent:
    the local engine runs groups one after the other in one process; a cluster engine can run
    them as tasks.
 2. **Cross-rank pass** (:func:`cross_rank`): joins the summaries: step completeness, arrival
@@ -40,7 +41,7 @@ import pandas as pd
 from hvtrace.analysis.bandwidth import finish_collectives
 from hvtrace.analysis.outside import merge_partials
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
-from hvtrace.clock import offset_at
+from hvtrace.clock import step_offsets
 from hvtrace.format.schema import FLAG_OWN, KINDS
 from hvtrace.load import RankSource, span_relation
 from hvtrace.selection import StepRange
@@ -50,7 +51,7 @@ GROUP_SPANS = 4_000_000
 
 #: Kind code as in :data:`hvtrace.format.schema.KINDS`; -1 for hvtrace's own spans and unknown
 #: kinds.
-_KIND_CODE_SQL = (
+KIND_CODE_SQL = (
     "CASE kind "
     + " ".join(
         f"WHEN 'user' THEN (CASE WHEN starts_with(name, '{INTERNAL_PREFIX}') THEN -1 ELSE {i} END)"
@@ -165,7 +166,7 @@ class Engine:
         try:
             where = steps.sql("step") if steps is not None else "TRUE"
             table = self.con.sql(
-                f"SELECT rank, step, {_KIND_CODE_SQL} AS k, start_ns, end_ns, bytes, "
+                f"SELECT rank, step, {KIND_CODE_SQL} AS k, start_ns, end_ns, bytes, "
                 "cpu_ns::DOUBLE AS cpu_ns, runq_ns::DOUBLE AS runq_ns, "
                 "CASE WHEN kind = 'collective' THEN value END AS blocked_ns "
                 f"FROM ({src}) WHERE {where} AND kind NOT IN ('scalar', 'clock')",
@@ -358,7 +359,7 @@ def reduce_steps(
         _nan_floats(cols.get("runq_ns")),
         _nan_floats(cols.get("blocked_ns")),
     )
-    offsets = _align(rows, sources)
+    offsets = _align(rows, cols, sources)
     # whether the group has user spans and collectives at all (else stage 3 skips their query)
     rows.attrs["has_users"] = bool((np.asarray(cols["k"]) == KINDS.index("user")).any())
     rows.attrs["has_collectives"] = bool((np.asarray(cols["k"]) == KINDS.index("collective")).any())
@@ -372,36 +373,43 @@ def _nan_floats(col: Any) -> np.ndarray | None:
     return np.asarray(col, dtype=np.float64)
 
 
-def source_offsets(
-    sources: Sequence[RankSource], rank: np.ndarray, local_ns: np.ndarray
-) -> np.ndarray:
-    """The offset (ns) to subtract from each local time ``local_ns`` of rank ``rank`` to move it
-    onto rank 0's clock, by the sources' clock estimates (0 for a rank without one)."""
-    clocks = {int(s.rank): s.clock for s in sources if s.rank is not None and s.clock}
-    off = np.zeros(len(local_ns), np.int64)
-    local_ns = np.asarray(local_ns, dtype=np.int64)
-    for r, est in clocks.items():
-        m = rank == r
-        if m.any():
-            off[m] = offset_at(est, local_ns[m])
-    return off
+def clocks_of(sources: Sequence[RankSource]) -> dict[int, list[Any]]:
+    """Each source rank's clock estimates (ranks without any left out)."""
+    return {int(s.rank): s.clock for s in sources if s.rank is not None and s.clock}
 
 
-def _align(rows: pd.DataFrame, sources: Sequence[RankSource]) -> pd.DataFrame:
-    """Move ``rows``' times onto rank 0's clock in place; return the (rank, step, off_ns) used."""
-    off = source_offsets(sources, rows["rank"].to_numpy(), rows["start_ns"].to_numpy(np.int64))
-    if off.any():
+def span_offsets(
+    sources: Sequence[RankSource], rank: Any, step: Any, start_ns: Any, kind_code: Any = None
+) -> tuple[np.ndarray, pd.DataFrame]:
+    """:func:`hvtrace.clock.step_offsets` (the one alignment rule) of spans read from
+    ``sources``: the offset of each span and the (rank, step, off_ns) table. ``kind_code``
+    (codes of ``KINDS``) keeps scalars and clock rows from anchoring a step; None: every span
+    given is a step's work."""
+    work = None
+    if kind_code is not None:
+        k = np.asarray(kind_code)
+        work = (k != KINDS.index("scalar")) & (k != KINDS.index("clock"))
+    per_span, cells = step_offsets(clocks_of(sources), rank, step, start_ns, work)
+    return per_span, pd.DataFrame(cells, columns=["rank", "step", "off_ns"])
+
+
+def _align(rows: pd.DataFrame, cols: dict[str, Any], sources: Sequence[RankSource]) -> pd.DataFrame:
+    """Move ``rows``' times onto rank 0's clock in place by the offsets of their spans ``cols``
+    (:func:`span_offsets`); return the (rank, step, off_ns) used."""
+    _, offsets = span_offsets(sources, cols["rank"], cols["step"], cols["start_ns"])
+    if offsets["off_ns"].any():
+        off = (
+            rows[["rank", "step"]]
+            .astype(np.int64)
+            .merge(offsets, on=["rank", "step"], how="left")["off_ns"]
+            .fillna(0)
+            .to_numpy(np.int64)
+        )
         rows["start_ns"] = rows["start_ns"].to_numpy(dtype=np.int64) - off
         rows["end_ns"] = rows["end_ns"].to_numpy(dtype=np.int64) - off
         rows["arrival_ns"] = rows["arrival_ns"] - off
         rows["coll_arrival_ns"] = rows["coll_arrival_ns"] - off
-    return pd.DataFrame(
-        {
-            "rank": rows["rank"].to_numpy(np.int64),
-            "step": rows["step"].to_numpy(np.int64),
-            "off_ns": off,
-        }
-    )
+    return offsets
 
 
 def _constant_offsets(offsets: pd.DataFrame) -> dict[int, int] | None:
@@ -570,30 +578,31 @@ def kind_counts(sources: Sequence[RankSource]) -> pd.DataFrame:
 
 def window_spans(sources: Sequence[RankSource], steps: StepRange, con: Any = None) -> pd.DataFrame:
     """The spans of ``steps`` in ``sources`` (a window of a run, for a timeline), on rank 0's
-    clock by the offsets the analysis uses: per (rank, step), from :func:`reduce_steps` of the
-    same spans. Columns ``rank, step, kind, name, start_ns, end_ns, bytes, dtype``, sorted by
-    (rank, step, start_ns); a Parquet file's row groups outside ``steps`` are not read.
-    ``con``: a DuckDB connection (or cursor) used by this call alone; default: a new
-    :class:`Engine`."""
+    clock by the one alignment rule the analysis uses (:func:`span_offsets`). Columns ``rank,
+    step, kind, name, start_ns, end_ns, bytes, dtype``, sorted by (rank, step, start_ns); a
+    Parquet file's row groups outside ``steps`` are not read. ``con``: a DuckDB connection (or
+    cursor) used by this call alone; default: a new :class:`Engine`."""
     if con is None:
         with Engine(threads=1) as eng:
             return window_spans(sources, steps, eng.con)
     src, params, registered = span_relation(con, sources, _Names())
     try:
         table = con.sql(
-            f"SELECT rank, step, {_KIND_CODE_SQL} AS k, kind, name, start_ns, end_ns, bytes, "
+            f"SELECT rank, step, {KIND_CODE_SQL} AS k, kind, name, start_ns, end_ns, bytes, "
             f"dtype FROM ({src}) WHERE {steps.sql('step')} ORDER BY rank, step, start_ns",
             params=params,
         ).to_arrow_table()
     finally:
         for name in registered:
             con.unregister(name)
-    cols = {c: table.column(c).to_numpy() for c in ("rank", "step", "k", "start_ns", "end_ns")}
-    cols["bytes"] = table.column("bytes").to_numpy()
-    _, offsets, _ = reduce_steps(cols, sources)
+    off, _ = span_offsets(
+        sources,
+        table.column("rank").to_numpy(),
+        table.column("step").to_numpy(),
+        table.column("start_ns").to_numpy(),
+        table.column("k").to_numpy(),
+    )
     out = table.drop_columns(["k"]).to_pandas()
-    off = out[["rank", "step"]].merge(offsets, on=["rank", "step"], how="left")["off_ns"]
-    off = off.fillna(0).to_numpy(np.int64)  # a (rank, step) of scalars only: as the analysis
     out["start_ns"] = out["start_ns"].to_numpy(np.int64) - off
     out["end_ns"] = out["end_ns"].to_numpy(np.int64) - off
     return out

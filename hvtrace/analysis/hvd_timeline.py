@@ -387,7 +387,7 @@ def run_section(run: Any, sources: list, explicit: str | Path | None = None) -> 
 def _hvtrace_starts(sources: list, wanted: pd.DataFrame) -> pd.DataFrame:
     """hvtrace's enqueue of the (tensor, occurrence) pairs ``wanted`` on every rank, on rank 0's
     clock (one DuckDB query over the rank files: only those pairs come back)."""
-    from hvtrace.analysis.engine import Engine, source_offsets
+    from hvtrace.analysis.engine import KIND_CODE_SQL, Engine, span_offsets
     from hvtrace.load import span_relation
 
     with Engine(threads=1) as eng:
@@ -395,19 +395,30 @@ def _hvtrace_starts(sources: list, wanted: pd.DataFrame) -> pd.DataFrame:
         eng.con.register("hv_wanted", wanted.astype({"occ": np.int64}))
         try:
             df = eng.con.execute(
-                f"""WITH a AS (SELECT rank, name::VARCHAR AS name, start_ns,
+                f"""WITH a AS (SELECT rank, step, name::VARCHAR AS name, start_ns,
                         row_number() OVER (PARTITION BY rank, name ORDER BY start_ns) AS occ
                     FROM ({src}) WHERE kind = 'allreduce')
-                SELECT a.rank, a.name, a.occ, a.start_ns FROM a
+                SELECT a.rank, a.step, a.name, a.occ, a.start_ns FROM a
                 JOIN hv_wanted w ON a.name = w.name AND a.occ = w.occ""",
+                params,
+            ).df()
+            # the spans of those (rank, step) cells, for the one alignment rule's anchors
+            eng.con.register("hv_cells", df[["rank", "step"]].drop_duplicates())
+            cells = eng.con.execute(
+                f"""SELECT s.rank, s.step, {KIND_CODE_SQL} AS k, s.start_ns FROM ({src}) s
+                JOIN hv_cells c ON s.rank = c.rank AND s.step = c.step""",
                 params,
             ).df()
         finally:
             eng.con.unregister("hv_wanted")
+            eng.con.unregister("hv_cells")
             eng._unregister(registered)
-    start = df["start_ns"].to_numpy(np.int64)
-    df["start_ns"] = start - source_offsets(sources, df["rank"].to_numpy(), start)
-    return df
+    _, offsets = span_offsets(
+        sources, cells["rank"], cells["step"], cells["start_ns"], cells["k"].to_numpy()
+    )
+    off = df[["rank", "step"]].astype(np.int64).merge(offsets, on=["rank", "step"], how="left")
+    df["start_ns"] = df["start_ns"].to_numpy(np.int64) - off["off_ns"].fillna(0).to_numpy(np.int64)
+    return df.drop(columns=["step"])
 
 
 def aligned_activities(path: str | Path, offset_ns: int) -> pd.DataFrame:

@@ -718,8 +718,10 @@ def _write_rank(
     step = table.column("step").to_numpy().astype(np.int64)
     start, end = align_times(
         src.clock,
+        step,
         table.column("start_ns").to_numpy().astype(np.int64),
         table.column("end_ns").to_numpy().astype(np.int64),
+        table.column("kind"),
     )
     end = np.maximum(end, start)
     if len(end) and int(start.min()) < 0:

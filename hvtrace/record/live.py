@@ -269,7 +269,10 @@ class LiveMonitor:
         windows of ``every`` steps; see :meth:`_agree_length`), both rank 0's. ``index``: the
         tracer's set-up in this process, counted in the same order on every rank; it names
         this monitor's collectives apart from another tracer's (two traced optimizers in one
-        process, as a GAN's)."""
+        process, as a GAN's). ``offset_ns``: this rank's start estimate; with that one
+        estimate, the one alignment rule (:func:`hvtrace.clock.step_offsets`) moves every step
+        by this constant, so the live windows are on the clock the analysis will use (but for
+        drift, which the later estimates correct)."""
         self.tracer = tracer
         self.index = int(index)
         self.every = int(every)
