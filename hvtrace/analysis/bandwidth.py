@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from hvtrace.analysis.steps import analyzed_steps
+from hvtrace.format.schema import COLLECTIVE_KEY
 
 #: Printed with bandwidth numbers: what they are and why they are lower bounds.
 BANDWIDTH_CAVEAT = (
@@ -70,7 +71,7 @@ def finish_collectives(partials: pd.DataFrame) -> pd.DataFrame:
     cols = COLLECTIVE_COLUMNS
     if partials.empty:
         return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
-    g = partials.groupby(["step", "name"], sort=True, observed=True)
+    g = partials.groupby(list(COLLECTIVE_KEY), sort=True, observed=True)
     out = g.agg(
         n_ranks=("n_spans", "sum"),
         bytes=("bytes", "max"),

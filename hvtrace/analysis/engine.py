@@ -42,13 +42,17 @@ from hvtrace.analysis.bandwidth import finish_collectives
 from hvtrace.analysis.outside import merge_partials
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
 from hvtrace.clock import step_offsets
-from hvtrace.format.schema import FLAG_OWN, KINDS
+from hvtrace.format.schema import COLLECTIVE_KEY, FLAG_OWN, KINDS
 from hvtrace.load import RankSource, span_relation
 from hvtrace.selection import StepRange
 
 #: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
 GROUP_SPANS = 4_000_000
 
+#: The collective key (:data:`~hvtrace.format.schema.COLLECTIVE_KEY`) in SQL, plain and of the
+#: span table ``s``.
+_KEY = ", ".join(COLLECTIVE_KEY)
+_KEY_S = ", ".join(f"s.{c}" for c in COLLECTIVE_KEY)
 #: Kind code as in :data:`hvtrace.format.schema.KINDS`; -1 for hvtrace's own spans and unknown
 #: kinds.
 KIND_CODE_SQL = (
@@ -207,13 +211,13 @@ class Engine:
                 off, on = offsets, "s.rank = o.rank AND s.step = o.step"
             con.register("hv_offsets", off)
             registered.append("hv_offsets")
-            partial = f"""SELECT s.step, s.name, count(*) AS n_spans, max(s.bytes) AS bytes,
+            partial = f"""SELECT {_KEY_S}, count(*) AS n_spans, max(s.bytes) AS bytes,
                        any_value(s.dtype) AS dtype,
                        min(s.start_ns - coalesce(o.off_ns, 0)) AS first_start_ns,
                        max(s.start_ns - coalesce(o.off_ns, 0)) AS last_start_ns,
                        min(s.end_ns - coalesce(o.off_ns, 0)) AS end_ns
                 FROM {table} s LEFT JOIN hv_offsets o ON {on}
-                WHERE s.kind = 'allreduce' AND {where} GROUP BY s.step, s.name"""
+                WHERE s.kind = 'allreduce' AND {where} GROUP BY {_KEY_S}"""
             if accumulate:
                 self._accumulate(partial, params)
                 coll = None
@@ -255,8 +259,8 @@ class Engine:
     #: size after the last merge).
     MERGE_ROWS = 1_000_000
     #: Columns of the partial collectives, in order.
-    _COLL = "step, name, n_spans, bytes, dtype, first_start_ns, last_start_ns, end_ns"
-    _MERGE = """SELECT step, name, sum(n_spans)::BIGINT AS n_spans, max(bytes) AS bytes,
+    _COLL = f"{_KEY}, n_spans, bytes, dtype, first_start_ns, last_start_ns, end_ns"
+    _MERGE = f"""SELECT {_KEY}, sum(n_spans)::BIGINT AS n_spans, max(bytes) AS bytes,
         any_value(dtype) AS dtype, min(first_start_ns) AS first_start_ns,
         max(last_start_ns) AS last_start_ns, min(end_ns) AS end_ns"""
 
@@ -272,7 +276,7 @@ class Engine:
         if self._acc_rows > max(2 * self._acc_merged, self.MERGE_ROWS):
             self._run(
                 f"CREATE OR REPLACE TEMP TABLE hv_coll AS {self._MERGE} FROM hv_coll "
-                "GROUP BY step, name"
+                f"GROUP BY {_KEY}"
             )
             self._acc_rows = self._acc_merged = int(
                 con.execute("SELECT count(*) FROM hv_coll").fetchall()[0][0]
@@ -298,7 +302,7 @@ class Engine:
         """The accumulated partial collectives, one row per (step, tensor) (empty if none)."""
         if not self._acc_rows:
             return pd.DataFrame(columns=self._COLL.split(", "))
-        out = self.con.execute(f"{self._MERGE} FROM hv_coll GROUP BY step, name").df()
+        out = self.con.execute(f"{self._MERGE} FROM hv_coll GROUP BY {_KEY}").df()
         self._run("DROP TABLE IF EXISTS hv_coll")
         self._acc_rows = self._acc_merged = 0
         return out

@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 
 from hvtrace.errors import TraceError
 from hvtrace.export.output import check_output, make_output_dir, output_mode
-from hvtrace.format.schema import KINDS
+from hvtrace.format.schema import KINDS, collective_keys
 from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.load import Run
 from hvtrace.selection import SelectionError, StepRange
@@ -419,12 +419,9 @@ def _build(
     f_id = f_src = f_dst = np.zeros(0, np.int64)
     if len(ar):
         a_rank, a_step, a_name, a_start = x_rank[ar], x_step[ar], x_name[ar], x_start[ar]
-        # one collective per (step, tensor), as the analysis defines it (collective_table)
-        o2 = np.lexsort((a_name, a_step))
-        newc = np.ones(len(o2), bool)
-        newc[1:] = (a_step[o2][1:] != a_step[o2][:-1]) | (a_name[o2][1:] != a_name[o2][:-1])
-        cid = np.empty(len(o2), np.int64)
-        cid[o2] = np.cumsum(newc) - 1
+        # one collective per (step, tensor): the format's key, as the analysis pairs them
+        _, cid = np.unique(collective_keys(a_step, a_name), return_inverse=True)
+        cid = cid.astype(np.int64)
         x_coll[ar] = cid
         # the source of each collective: earliest start, then lowest rank
         o3 = np.lexsort((a_rank, a_start, cid))

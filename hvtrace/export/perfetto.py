@@ -82,7 +82,7 @@ from hvtrace.export.chrome import (
     steps_table,
 )
 from hvtrace.export.output import open_output
-from hvtrace.format.schema import KINDS
+from hvtrace.format.schema import KINDS, collective_keys
 from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
 from hvtrace.load import RankSource, Run, align_times, span_sources
 from hvtrace.selection import StepRange
@@ -538,17 +538,14 @@ class _Writer:
         return u
 
     def flow_ids(self, step: np.ndarray, names: list[str], code: np.ndarray) -> np.ndarray:
-        """One id per (step, tensor) collective, the same on every rank (Szudzik pairing)."""
+        """One id per (step, tensor) collective, the same on every rank: the format's
+        :func:`~hvtrace.format.schema.collective_keys` of a tensor code kept across ranks
+        (never 0: Perfetto's flow ids start at 1)."""
         table = np.array(
             [self.tensor_code.setdefault(n, len(self.tensor_code) + 1) for n in names] or [0],
-            np.uint64,
+            np.int64,
         )
-        y = table[code]
-        s = np.asarray(step, np.int64)
-        x = ((s << 1) ^ (s >> 63)).astype(np.uint64)  # zigzag: a negative step stays unique
-        with np.errstate(over="ignore"):
-            pair = np.where(x >= y, x * x + x + y, y * y + x)
-        return pair + np.uint64(1)
+        return collective_keys(step, table[code]).view(np.uint64)
 
 
 def write_perfetto_trace(

@@ -17,7 +17,7 @@ All times in a file are integers in nanoseconds on the rank's own monotonic cloc
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
 
@@ -65,6 +65,22 @@ PHASE_KINDS: Final[tuple[str, ...]] = ("input", "forward", "backward", "compute"
 #: The spans of a step the recorder reads the training thread's counters over: the whole step,
 #: then its phases in time order (``cpu_ns`` / ``runq_ns``; the analysis's cause phases).
 STEP_PHASE_KINDS: Final[tuple[str, ...]] = ("step", *PHASE_KINDS)
+#: One collective of the optimizer: the ``allreduce`` spans of one tensor (``name``) in one
+#: ``step``, one on each rank (Horovod names a tensor's allreduce the same on every rank, and a
+#: step issues it once). The one key every part of hvtrace pairs them by: the analysis' SQL and
+#: its merges, the Chrome and Perfetto exports (:func:`collective_keys`).
+COLLECTIVE_KEY: Final[tuple[str, str]] = ("step", "name")
+
+
+def collective_keys(step: Any, tensor_code: Any) -> Any:
+    """:data:`COLLECTIVE_KEY` as one int64 per span, for numpy readers: ``step`` and a code of
+    its tensor's name that is the same on every rank (< 2**32). Keys sort by step, then code;
+    equal keys are one collective."""
+    import numpy as np
+
+    s = np.asarray(step, dtype=np.int64)
+    return s * np.int64(1 << 32) + np.asarray(tensor_code, dtype=np.int64)
+
 
 #: Flag bits of the ``flags`` column.
 FLAG_CUDA: Final = 1  # times come from CUDA events (device time), not the host clock
