@@ -95,7 +95,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from hvtrace.analysis import analyze
-    from hvtrace.analysis.engine import parse_size
+    from hvtrace.analysis.engine import parse_size, span_tables
     from hvtrace.export.output import check_output, check_table_dir
     from hvtrace.export.report import (
         WIDTH,
@@ -106,7 +106,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         write_timeline,
     )
     from hvtrace.format.read import find_trace_files
-    from hvtrace.load import open_run
+    from hvtrace.load import open_run, span_sources
 
     if args.skip_steps < 0:
         raise TraceError(f"--skip-steps must be >= 0, not {args.skip_steps}")
@@ -157,9 +157,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             notes.append(f"summary: {p}")
     for fmt, d in (("csv", args.csv), ("parquet", args.parquet)):
         if d:
-            spans = run.spans
-            if steps is not None:
-                spans = spans[steps.mask(spans["step"])]
+            # the run's spans rank by rank through the engine, never as one table
+            spans = span_tables(span_sources(run, steps), steps)
             files = write_tables(a, d, fmt, spans=spans, inputs=inputs)
             notes.append(f"{fmt} tables: {len(files)} files in {d}")
     if args.timeline:

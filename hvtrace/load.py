@@ -117,9 +117,9 @@ def span_relation(
     con: Any, sources: Sequence[RankSource], new_name: Callable[[], str]
 ) -> tuple[str, dict[str, Any], list[str]]:
     """Return ``(sql, params, registered)``: one DuckDB relation of ``sources`` with a ``rank``
-    column and the columns ``step, kind, name, start_ns, end_ns, bytes, dtype, value, flags,
-    cpu_ns, runq_ns`` (the last two NULL for a version 1 file, or a table without them; an
-    in-memory table without ``value`` / ``flags`` reads NULL / 0).
+    column and the columns ``step, kind, name, start_ns, end_ns, bytes, dtype, micro, value,
+    flags, cpu_ns, runq_ns`` (the last two NULL for a version 1 file, or a table without them;
+    an in-memory table without ``micro`` / ``value`` / ``flags`` reads 0 / NULL / 0).
 
     Parquet files are read by one ``read_parquet`` per format version (their paths are
     parameters, never spliced into SQL; the rank is looked up by file index); in-memory tables
@@ -130,8 +130,8 @@ def span_relation(
     params: dict[str, Any] = {}
     registered: list[str] = []
     base = "step, kind, name, start_ns, end_ns, bytes, dtype"
-    v2 = f"{base}, value, flags, cpu_ns, runq_ns"
-    v1 = f"{base}, value, flags, NULL::BIGINT AS cpu_ns, NULL::BIGINT AS runq_ns"
+    v2 = f"{base}, micro, value, flags, cpu_ns, runq_ns"
+    v1 = f"{base}, micro, value, flags, NULL::BIGINT AS cpu_ns, NULL::BIGINT AS runq_ns"
     for version, cols in ((2, v2), (1, v1)):
         files = [s for s in sources if s.parquet is not None and (s.version == 1) == (version == 1)]
         if files:
@@ -152,6 +152,7 @@ def span_relation(
         extra = [
             c if c in names else f"{null} AS {c}"
             for c, null in (
+                ("micro", "0::SMALLINT"),
                 ("value", "NULL::DOUBLE"),
                 ("flags", "0::UTINYINT"),
                 ("cpu_ns", "NULL::BIGINT"),

@@ -37,12 +37,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from hvtrace.analysis.bandwidth import finish_collectives
 from hvtrace.analysis.outside import merge_partials
 from hvtrace.analysis.steps import INTERNAL_PREFIX, finish_steps, step_rows
 from hvtrace.clock import step_offsets
-from hvtrace.format.schema import COLLECTIVE_KEY, FLAG_OWN, KINDS
+from hvtrace.format.schema import COLLECTIVE_KEY, FILE_SCHEMA, FLAG_OWN, KINDS
 from hvtrace.load import RankSource, span_relation
 from hvtrace.selection import StepRange
 
@@ -610,6 +612,65 @@ def window_spans(sources: Sequence[RankSource], steps: StepRange, con: Any = Non
     out["start_ns"] = out["start_ns"].to_numpy(np.int64) - off
     out["end_ns"] = out["end_ns"].to_numpy(np.int64) - off
     return out
+
+
+#: The schema of :func:`span_tables`: a rank column, then the file's (text as plain strings).
+SPAN_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32()),
+        *(
+            pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+            for f in FILE_SCHEMA
+        ),
+    ]
+)
+SPAN_COLUMNS: tuple[str, ...] = tuple(SPAN_SCHEMA.names)
+
+
+def span_tables(
+    sources: Sequence[RankSource], steps: StepRange | None = None, con: Any = None
+) -> Iterator[pa.Table]:
+    """Every span of ``sources`` (of ``steps``; None: all), one Arrow table per rank in the
+    order of ``sources`` and of each file, times on rank 0's clock by the one alignment rule
+    (:func:`span_offsets`), in :data:`SPAN_SCHEMA` (no sources: one empty table). For
+    exports of a whole run (``--csv`` / ``--parquet``): one rank's spans in memory at a time,
+    never the run's. ``con``: a DuckDB connection; default: a new :class:`Engine`."""
+    if con is None:
+        with Engine(threads=1) as eng:
+            yield from span_tables(sources, steps, eng.con)
+        return
+    if not sources:
+        yield SPAN_SCHEMA.empty_table()
+        return
+    where = steps.sql("step") if steps is not None else "TRUE"
+    cols = ", ".join(SPAN_COLUMNS)
+    for source in sources:
+        src, params, registered = span_relation(con, [source], _Names())
+        try:
+            table = con.sql(
+                f"SELECT {cols}, {KIND_CODE_SQL} AS k FROM ({src}) WHERE {where}", params=params
+            ).to_arrow_table()
+        finally:
+            for name in registered:
+                con.unregister(name)
+        off, _ = span_offsets(
+            [source],
+            table.column("rank").to_numpy(),
+            table.column("step").to_numpy(),
+            table.column("start_ns").to_numpy(),
+            table.column("k").to_numpy(),
+        )
+        out = []
+        for name in SPAN_COLUMNS:
+            col = table.column(name)
+            if name in ("start_ns", "end_ns"):
+                col = pa.array(col.to_numpy() - off, pa.int64())
+            elif pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            elif pa.types.is_floating(col.type):  # a value not recorded: null, not NaN
+                col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
+            out.append(col)
+        yield pa.table(out, names=list(SPAN_COLUMNS)).cast(SPAN_SCHEMA)
 
 
 class EngineError(Exception):

@@ -802,34 +802,51 @@ def write_tables(
     a: Analysis,
     out_dir: str | os.PathLike,
     fmt: str = "csv",
-    spans: pd.DataFrame | None = None,
+    spans: pd.DataFrame | Iterable[Any] | None = None,
     inputs: Iterable[str | os.PathLike] = (),
 ) -> list[Path]:
     """Write :func:`export_tables` into ``out_dir`` as ``NAME.csv`` or ``NAME.parquet``.
 
-    Each file is written whole or not at all, never over one of ``inputs``; CSV cells that a
-    spreadsheet would run are neutralized (:func:`csv_safe`). Returns the files
-    written. Raises :class:`TraceError` when the directory cannot be written.
+    ``spans``: the span table, as one DataFrame or as Arrow tables of one schema written one
+    after the other (:func:`hvtrace.analysis.engine.span_tables`: a run of any size, one rank
+    in memory at a time). Each file is written whole or not at all, never over one of
+    ``inputs``; CSV cells that a spreadsheet would run are neutralized (:func:`csv_safe`).
+    Returns the files written. Raises :class:`TraceError` when the directory cannot be written.
     """
     if fmt not in ("csv", "parquet"):
         raise ValueError(f"fmt must be 'csv' or 'parquet', not {fmt!r}")
     d = make_output_dir(out_dir)
     inputs = list(inputs)
     written = []
-    for name, df in export_tables(a, spans).items():
+    tables: dict[str, Any] = {}
+    if spans is not None:
+        tables["spans"] = [_to_arrow(spans)] if isinstance(spans, pd.DataFrame) else spans
+    tables |= {k: [_to_arrow(df)] for k, df in export_tables(a).items()}
+    for name, parts in tables.items():
         p = d / f"{name}.{fmt}"
-        table = _to_arrow(df)
         with open_output(p, inputs) as f:
-            if fmt == "csv":
-                import pyarrow.csv as pacsv
-
-                pacsv.write_csv(csv_safe(table), f)
-            else:
-                import pyarrow.parquet as pq
-
-                pq.write_table(table, f)
+            _write_parts(f, parts, fmt)
         written.append(p)
     return written
+
+
+def _write_parts(f: Any, parts: Iterable[Any], fmt: str) -> None:
+    """Write the Arrow tables ``parts`` (one schema) to ``f`` as one CSV or Parquet file."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    writer: Any = None
+    try:
+        for table in parts:
+            if writer is None:
+                if fmt == "csv":
+                    writer = pacsv.CSVWriter(f, table.schema)
+                else:
+                    writer = pq.ParquetWriter(f, table.schema)
+            writer.write_table(csv_safe(table) if fmt == "csv" else table)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 # -- the timeline ----------------------------------------------------------------------------------

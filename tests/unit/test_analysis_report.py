@@ -14,6 +14,7 @@ from hvtrace.analysis import analyze, analyze_spans
 from hvtrace.cli import main
 from hvtrace.export.report import analysis_to_dict, format_report, write_json, write_tables
 from hvtrace.load import load_run
+from hvtrace.selection import StepRange
 
 RUN_ID = "20240101-000000-abcdef"
 
@@ -176,6 +177,31 @@ def test_tables(tmp_path, fmt):
     assert len(spans) == len(run.spans) and set(spans["kind"]) >= {"step", "allreduce"}
     steps = read(tmp_path / fmt / f"steps.{fmt}")
     assert len(steps) == 10 and "allreduce_ns" in steps.columns
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_the_span_table_is_written_rank_by_rank_as_the_frame_holds_it(tmp_path, fmt):
+    """``--csv`` / ``--parquet``: the spans come from the engine one rank at a time (the run's
+    span frame is never built), with the frame's rows, order and times; ``--steps`` cuts them."""
+    from hvtrace.analysis.engine import span_tables
+    from hvtrace.load import open_run, span_sources
+
+    d = write_run(tmp_path / "r", synth_spans(ranks=3, steps=12, slow_ranks=(2,)))
+    run = open_run(d)
+    steps = StepRange(3, 9)
+    a = analyze(run, steps=steps)
+    write_tables(a, tmp_path / fmt, fmt, spans=span_tables(span_sources(run, steps), steps))
+    assert "spans" not in run.__dict__  # the frame was not built
+    read = pd.read_csv if fmt == "csv" else pd.read_parquet
+    got = read(tmp_path / fmt / f"spans.{fmt}")
+    frame = load_run(d).spans
+    want = frame[steps.mask(frame["step"])].reset_index(drop=True)
+    assert list(got.columns) == list(want.columns)
+    assert len(got) == len(want) > 0
+    for c in ("rank", "step", "start_ns", "end_ns", "bytes"):
+        assert (got[c].to_numpy() == want[c].to_numpy()).all(), c
+    assert (got["name"].astype(str) == want["name"].astype(str)).all()
+    assert set(got["step"]) == set(range(3, 9))
 
 
 # -- the command ---------------------------------------------------------------------------------
