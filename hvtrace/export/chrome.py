@@ -32,6 +32,13 @@ Large runs are split by step ranges into ``NAME.part000.json``, ``NAME.part001.j
 no file exceeds ``max_events`` events or ``max_bytes`` bytes (uncompressed); every part repeats the
 process and thread metadata, so each opens on its own.
 
+A run is read through the engine, never as one table (:class:`_Chunks`): each rank's spans from
+its file (:func:`hvtrace.analysis.engine.span_tables`: DuckDB, the one clock-alignment rule), its
+lanes assigned as it is read (lanes are per rank), staged in a DuckDB table of the engine (spilled
+to disk past its memory limit), then read back :data:`CHUNK_SPANS` spans of whole steps at a time
+and turned into events; collective ids are numbered by (step, tensor name) over the whole trace.
+A span table already in memory (a DataFrame, or a run whose frame was built) is one chunk.
+
 Everything is vectorized: lanes, collectives and counters with numpy, the JSON text column-wise
 with Arrow compute kernels (in a few threads; they release the GIL), written straight from the
 Arrow buffers. About 5 s of CPU per million spans (2.6 million events with flows).
@@ -61,7 +68,7 @@ from hvtrace.errors import TraceError
 from hvtrace.export.output import check_output, make_output_dir, output_mode
 from hvtrace.format.schema import KINDS, collective_keys
 from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
-from hvtrace.load import Run
+from hvtrace.load import Run, span_sources
 from hvtrace.selection import SelectionError, StepRange
 
 log = logging.getLogger("hvtrace")
@@ -101,7 +108,7 @@ _T_X, _T_XAR, _T_SCALAR, _T_RATIO, _T_FLOW, _T_HVD = range(6)
 #: Counter names.
 RATIO_COUNTER = "comm/compute"
 
-_BATCH = 1 << 20  # elements turned into strings at a time
+_BATCH = 1 << 18  # elements turned into strings at a time (a few in flight: bounded memory)
 _VECTOR_LIMIT = 1024  # overlap chains up to this length use the vectorized first-fit
 _GZIP_LEVEL = 3  # zlib level: ~3x faster than 6, files ~25% larger
 _WORKERS = 4  # threads building batch text ahead of the writer
@@ -233,7 +240,8 @@ def _normalize(spans: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class _Source:
-    spans: pd.DataFrame
+    """What the trace says of the run besides its spans (the metadata events and ``otherData``)."""
+
     hosts: dict[int, str]
     ranks: list[int]
     run_id: str = "?"
@@ -243,24 +251,22 @@ class _Source:
     problems: list[str] = field(default_factory=list)
 
 
-def _source(run_or_spans: Run | pd.DataFrame, hosts: dict[int, str] | None) -> _Source:
-    if isinstance(run_or_spans, pd.DataFrame):
-        spans = _normalize(run_or_spans)
-        ranks = sorted(int(r) for r in pd.unique(spans["rank"]))
-        if hosts:
-            ranks = sorted(set(ranks) | {int(r) for r in hosts})
-        h = {r: str((hosts or {}).get(r, "?")) for r in ranks}
-        return _Source(spans, h, ranks, size=(max(ranks) + 1 if ranks else 0))
-    run = run_or_spans
-    spans = _normalize(run.spans)
-    ranks = sorted(set(run.ranks) | {int(r) for r in pd.unique(spans["rank"])})
+def _frame_source(spans: pd.DataFrame, hosts: dict[int, str] | None) -> _Source:
+    ranks = sorted(int(r) for r in pd.unique(spans["rank"]))
+    if hosts:
+        ranks = sorted(set(ranks) | {int(r) for r in hosts})
+    h = {r: str((hosts or {}).get(r, "?")) for r in ranks}
+    return _Source(h, ranks, size=(max(ranks) + 1 if ranks else 0))
+
+
+def _run_source(run: Run, hosts: dict[int, str] | None) -> _Source:
+    ranks = sorted(run.ranks)
     h = {r: str(run.hosts.get(r, (hosts or {}).get(r, "?"))) for r in ranks}
     try:
         clock = run.clock_summary()
     except Exception:  # noqa: BLE001 - a summary line is optional
         clock = ""
     return _Source(
-        spans,
         h,
         ranks,
         run_id=str(run.run_id),
@@ -269,6 +275,426 @@ def _source(run_or_spans: Run | pd.DataFrame, hosts: dict[int, str] | None) -> _
         clock=clock,
         problems=list(run.problems),
     )
+
+
+@dataclass
+class _Spans:
+    """Spans of some steps of every rank, clock rows left out, in rank order then each rank's
+    file order, as numpy columns: times on rank 0's clock (ns, ``end >= start``), ``kind`` a
+    code of KINDS, text as codes into ``names`` / ``dtypes`` (sorted; a missing value's code is
+    their length), ``lane`` each slice's lane in its (rank, lane group) (-1: not a slice)."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    kind: np.ndarray
+    micro: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+    value: np.ndarray
+    name: np.ndarray
+    dtype: np.ndarray
+    lane: np.ndarray
+    names: list[str]
+    dtypes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def _lanes(rank: np.ndarray, kind: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Each slice's lane in its (rank, lane group) (:func:`assign_lanes`); -1 where not a slice.
+    Lanes of one rank depend on that rank's spans alone, so a rank at a time gives the same."""
+    group = np.where(kind >= 0, GROUP_OF_KIND[np.maximum(kind, 0)], -1)
+    xs = np.flatnonzero(group >= 0)
+    lane = np.full(len(kind), -1, np.int64)
+    lane[xs] = assign_lanes(rank[xs] * len(LANE_GROUPS) + group[xs], start[xs], end[xs])
+    return lane
+
+
+def _encode(strings: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """Codes of ``strings`` into their sorted distinct values (a null: the values' count)."""
+    enc = pc.dictionary_encode(strings)
+    if isinstance(enc, pa.ChunkedArray):
+        if enc.num_chunks:
+            enc = enc.combine_chunks()
+        else:
+            enc = pa.array([], pa.string()).dictionary_encode()
+    values = [str(v) for v in enc.dictionary.to_pylist()]
+    order = np.argsort(np.asarray(values, dtype=object), kind="stable") if values else np.zeros(0)
+    rank_of = np.empty(len(values) + 1, np.int64)
+    rank_of[order.astype(np.int64)] = np.arange(len(values))
+    rank_of[len(values)] = len(values)
+    idx = enc.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return rank_of[idx], [values[i] for i in order.astype(np.int64)]
+
+
+def _spans_of(table: pa.Table, lane: np.ndarray | None = None) -> _Spans:
+    """``table`` (columns of :data:`hvtrace.analysis.engine.SPAN_SCHEMA`, plus ``lane`` or not;
+    times on rank 0's clock) without its clock rows, as :class:`_Spans`."""
+    kind = pc.index_in(pc.cast(table.column("kind"), pa.string()), value_set=_KIND_STR)
+    kind = kind.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = np.flatnonzero(kind != _K["clock"])
+
+    def col(name: str, dtype: Any, fill: Any = 0) -> np.ndarray:
+        c = table.column(name)
+        if c.null_count:
+            c = c.fill_null(fill)
+        return c.to_numpy().astype(dtype)[keep]
+
+    rank = col("rank", np.int64)
+    start = col("start_ns", np.int64)
+    end = np.maximum(col("end_ns", np.int64), start)
+    kind = kind[keep]
+    name, names = _encode(table.column("name").take(pa.array(keep)))
+    dtype, dtypes = _encode(pc.cast(table.column("dtype"), pa.string()).take(pa.array(keep)))
+    if lane is None:
+        lane = _lanes(rank, kind, start, end)
+    return _Spans(
+        rank=rank,
+        step=col("step", np.int64),
+        kind=kind,
+        micro=col("micro", np.int64),
+        start=start,
+        end=end,
+        nbytes=col("bytes", np.int64),
+        value=col("value", np.float64, np.nan),
+        name=name,
+        dtype=dtype,
+        lane=lane,
+        names=names,
+        dtypes=dtypes,
+    )
+
+
+def _frame_table(spans: pd.DataFrame) -> pa.Table:
+    """A span DataFrame (``Run.spans``, or hand-made) as a table of the engine's span schema."""
+    from hvtrace.analysis.engine import SPAN_SCHEMA
+
+    s = _normalize(spans)
+    cols = []
+    for f in SPAN_SCHEMA:
+        v = s[f.name] if f.name in s.columns else pd.Series(np.nan, index=s.index)
+        if f.name in ("kind", "name", "dtype"):
+            arr = pa.array(v, from_pandas=True)
+            if pa.types.is_dictionary(arr.type):
+                arr = arr.dictionary_decode()
+            cols.append(pc.cast(arr, f.type))
+        else:
+            cols.append(pa.array(v.to_numpy(), f.type, from_pandas=True))
+    return pa.table(cols, schema=SPAN_SCHEMA)
+
+
+@dataclass
+class _Layout:
+    """What every part of the trace shares: the time origin, the lanes (threads) of each rank,
+    the metadata events, ``otherData``, the comm/compute counters and Horovod's slices."""
+
+    t0: int
+    nsub: np.ndarray
+    slot_base: np.ndarray
+    stride: int
+    n_rank_ids: int
+    meta: list[dict[str, Any]]
+    other: dict[str, Any]
+    ratio: pd.DataFrame
+    hv: _HorovodSlices
+
+
+def _layout(
+    src: _Source,
+    t0: int,
+    used: np.ndarray,
+    steps: StepRange | None,
+    steps_df: pd.DataFrame,
+    horovod: pd.DataFrame | None,
+    step0: tuple[np.ndarray, np.ndarray],
+) -> _Layout:
+    """``used``: the distinct (rank, lane group, lane) triples of the slices, shape (n, 3);
+    ``step0``: rank 0's step spans (start_ns, step)."""
+    n_groups = len(LANE_GROUPS)
+    nsub = np.zeros(n_groups, np.int64)
+    if len(used):
+        np.maximum.at(nsub, used[:, 1], used[:, 2] + 1)
+    nsub[_G_STEP] = max(1, nsub[_G_STEP])
+    slot_base = np.concatenate([[0], np.cumsum(nsub)[:-1]])
+    stride = 10 ** max(2, len(str(int(nsub.sum()))))
+    x_slot = slot_base[used[:, 1]] + used[:, 2] if len(used) else np.zeros(0, np.int64)
+    x_rank = used[:, 0] if len(used) else np.zeros(0, np.int64)
+    ratio = steps_table(steps_df)
+    ratio = ratio[np.isfinite(ratio["comm_compute_ratio"].to_numpy(np.float64))]
+    if steps is not None:
+        ratio = ratio[steps.mask(ratio["step"].to_numpy(np.int64))]
+    ratio = ratio[ratio["rank"].isin(src.ranks)].reset_index(drop=True)
+    hv = _HorovodSlices.of(
+        horovod if 0 in src.ranks else None,
+        t0,
+        tid_base=stride * (max(src.ranks, default=0) + 1),
+        step_start=step0[0] - t0,
+        step_no=step0[1],
+    )
+    other = _other_data(src, t0, steps, nsub)
+    if len(hv.ts):
+        other["horovod_timeline"] = {"tensors": len(hv.tensors) - 1, "slices": len(hv.ts)}
+    return _Layout(
+        t0=t0,
+        nsub=nsub,
+        slot_base=slot_base,
+        stride=stride,
+        n_rank_ids=max(src.ranks, default=0) + 1,
+        meta=_metadata(src, stride, slot_base, nsub, x_rank, x_slot) + hv.meta,
+        other=other,
+        ratio=ratio,
+        hv=hv,
+    )
+
+
+def _used_lanes(sp: _Spans) -> np.ndarray:
+    """The distinct (rank, lane group, lane) triples of ``sp``'s slices, shape (n, 3)."""
+    xs = sp.lane >= 0
+    if not xs.any():
+        return np.zeros((0, 3), np.int64)
+    g = GROUP_OF_KIND[sp.kind[xs]]
+    return np.unique(np.column_stack([sp.rank[xs], g, sp.lane[xs]]), axis=0)
+
+
+def _no_steps(steps: StepRange, have: tuple[int, int]) -> TraceError:
+    return TraceError(f"no spans in steps {steps.label()} (the run has steps {have[0]}..{have[1]})")
+
+
+#: Spans per chunk of steps built into events at a time (a run is never one table).
+CHUNK_SPANS = 1_000_000
+
+
+class _Chunks:
+    """The spans of a run (or of a span DataFrame) as :class:`_Spans` chunks of whole steps, in
+    step order, and the :class:`_Layout` they share.
+
+    A run is read through the engine (:func:`hvtrace.analysis.engine.span_tables`: DuckDB over
+    the rank files, the one clock-alignment rule, one rank in memory at a time); each rank's
+    lanes are assigned as it is read, and its spans staged in a DuckDB table of the engine
+    (spilled to disk past its memory limit), then read back a chunk of steps at a time."""
+
+    def __init__(
+        self,
+        run_or_spans: Run | pd.DataFrame,
+        steps: StepRange | None,
+        steps_df: pd.DataFrame | None,
+        hosts: dict[int, str] | None,
+        horovod: pd.DataFrame | None,
+        chunk_spans: int = CHUNK_SPANS,
+    ) -> None:
+        self.steps = steps
+        self.chunk_spans = max(1, int(chunk_spans))
+        self._engine: Any = None
+        self._frame: _Spans | None = None
+        # a span table in memory (a frame, or a run whose frame was built or given) is
+        # exported from it; else the run's files are read through the engine
+        frame = run_or_spans if isinstance(run_or_spans, pd.DataFrame) else None
+        if frame is None and "spans" in vars(run_or_spans):
+            frame = run_or_spans.spans
+        if frame is not None:
+            if isinstance(run_or_spans, pd.DataFrame):
+                src = _frame_source(frame, hosts)
+            else:
+                src = _run_source(run_or_spans, hosts)
+                src.ranks = sorted(set(src.ranks) | {int(r) for r in pd.unique(frame["rank"])})
+                src.hosts = {r: src.hosts.get(r, (hosts or {}).get(r, "?")) for r in src.ranks}
+            t0, used, step0 = self._stage_frame(frame)
+            if steps_df is None:  # the analysis's own step table: one definition of the ratio
+                from hvtrace.analysis.steps import step_table
+
+                steps_df = step_table(_normalize(frame))
+        else:
+            src = _run_source(run_or_spans, hosts)
+            try:
+                t0, used, step0 = self._stage_run(run_or_spans)
+            except BaseException:
+                self.close()
+                raise
+            if steps_df is None:
+                from hvtrace.analysis import analyze
+
+                steps_df = analyze(run_or_spans, steps=steps).steps
+        self.layout = _layout(src, t0, used, steps, steps_df, horovod, step0)
+
+    # -- staging
+    def _stage_frame(self, spans: pd.DataFrame) -> tuple[int, np.ndarray, Any]:
+        sp = _spans_of(_frame_table(spans))
+        if not len(sp):
+            raise TraceError("nothing to export: the run has no spans")
+        t0 = int(sp.start.min())
+        if self.steps is not None:
+            m = self.steps.mask(sp.step)
+            if not m.any():
+                raise _no_steps(self.steps, (int(sp.step.min()), int(sp.step.max())))
+            sp = _Spans(
+                *(getattr(sp, f)[m] for f in _ARRAY_FIELDS), names=sp.names, dtypes=sp.dtypes
+            )
+        self._frame = sp
+        is0 = (sp.kind == _K["step"]) & (sp.rank == 0)
+        return t0, _used_lanes(sp), (sp.start[is0], sp.step[is0])
+
+    def _stage_run(self, run: Run) -> tuple[int, np.ndarray, Any]:
+        from hvtrace.analysis.engine import Engine, span_tables
+
+        eng = self._engine = Engine()
+        con = eng.con
+        con.execute(
+            "CREATE TEMP TABLE hv_x (rank INTEGER, idx BIGINT, step INTEGER, kind SMALLINT, "
+            "micro SMALLINT, name VARCHAR, start_ns BIGINT, end_ns BIGINT, bytes BIGINT, "
+            "dtype VARCHAR, value DOUBLE, lane SMALLINT)"
+        )
+        t0: int | None = None
+        used: list[np.ndarray] = []
+        step0: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        lo_step = hi_step = None
+        for table in span_tables(span_sources(run, self.steps), self.steps, con):
+            sp = _spans_of(table)
+            if not len(sp):
+                continue
+            lo = int(sp.step.min())
+            hi = int(sp.step.max())
+            lo_step = lo if lo_step is None else min(lo_step, lo)
+            hi_step = hi if hi_step is None else max(hi_step, hi)
+            first = int(sp.start.min())
+            t0 = first if t0 is None else min(t0, first)
+            used.append(_used_lanes(sp))
+            if int(sp.rank[0]) == 0:
+                is_step = sp.kind == _K["step"]
+                step0 = (sp.start[is_step], sp.step[is_step])
+            part = pa.table(
+                {
+                    "rank": sp.rank.astype(np.int32),
+                    "idx": np.arange(len(sp), dtype=np.int64),
+                    "step": sp.step.astype(np.int32),
+                    "kind": sp.kind.astype(np.int16),
+                    "micro": sp.micro.astype(np.int16),
+                    "name": pa.array([*sp.names, None], pa.string()).take(pa.array(sp.name)),
+                    "start_ns": sp.start,
+                    "end_ns": sp.end,
+                    "bytes": sp.nbytes,
+                    "dtype": pa.array([*sp.dtypes, None], pa.string()).take(pa.array(sp.dtype)),
+                    "value": sp.value,
+                    "lane": sp.lane.astype(np.int16),
+                }
+            )
+            con.register("hv_part", part)
+            try:
+                con.execute("INSERT INTO hv_x SELECT * FROM hv_part")
+            finally:
+                con.unregister("hv_part")
+        if self.steps is not None:  # the time origin is the run's, before the steps cut
+            t_all = self._first_start(run, con)
+            if t0 is None:
+                if t_all is None:
+                    raise TraceError("nothing to export: the run has no spans")
+                raise _no_steps(self.steps, self._step_bounds(run, con))
+            t0 = t_all if t_all is not None else t0
+        if t0 is None:
+            raise TraceError("nothing to export: the run has no spans")
+        u = np.unique(np.concatenate(used), axis=0) if used else np.zeros((0, 3), np.int64)
+        return t0, u, step0
+
+    @staticmethod
+    def _first_start(run: Run, con: Any) -> int | None:
+        """The earliest span of the whole run (not a clock row), on rank 0's clock."""
+        from hvtrace.analysis.engine import span_tables
+
+        t0 = None
+        for table in span_tables(span_sources(run), None, con):
+            kind = pc.cast(table.column("kind"), pa.string())
+            start = pc.filter(table.column("start_ns"), pc.not_equal(kind, "clock"))
+            if len(start):
+                first = int(pc.min(start).as_py())
+                t0 = first if t0 is None else min(t0, first)
+        return t0
+
+    @staticmethod
+    def _step_bounds(run: Run, con: Any) -> tuple[int, int]:
+        from hvtrace.analysis.engine import span_tables
+
+        lo, hi = None, None
+        for table in span_tables(span_sources(run), None, con):
+            kind = pc.cast(table.column("kind"), pa.string())
+            step = pc.filter(table.column("step"), pc.not_equal(kind, "clock"))
+            if len(step):
+                a, b = int(pc.min(step).as_py()), int(pc.max(step).as_py())
+                lo = a if lo is None else min(lo, a)
+                hi = b if hi is None else max(hi, b)
+        return (lo or 0, hi or 0)
+
+    # -- reading back
+    def ranges(self) -> list[tuple[int | None, int | None]]:
+        """Step ranges ``[lo, hi)`` of about ``chunk_spans`` spans each, covering every step
+        (the first from the smallest, the last to the largest: None)."""
+        if self._frame is not None:
+            return [(None, None)]
+        counts = self._engine.con.execute(
+            "SELECT step, count(*) FROM hv_x GROUP BY step ORDER BY step"
+        ).fetchall()
+        out: list[tuple[int | None, int | None]] = []
+        lo: int | None = None
+        n = 0
+        for step, c in counts:
+            if n and n + c > self.chunk_spans:
+                out.append((lo, int(step)))
+                lo, n = int(step), 0
+            n += int(c)
+        out.append((lo, None))
+        return out
+
+    def spans(self, lo: int | None, hi: int | None) -> _Spans:
+        """The staged spans of steps ``[lo, hi)`` (None: unbounded)."""
+        if self._frame is not None:
+            return self._frame
+        conds = []
+        if lo is not None:
+            conds.append(f"step >= {int(lo)}")
+        if hi is not None:
+            conds.append(f"step < {int(hi)}")
+        where = " AND ".join(conds)
+        table = self._engine.con.sql(
+            "SELECT rank, step, kind, micro, name, start_ns, end_ns, bytes, dtype, value, lane "
+            f"FROM hv_x WHERE {where or 'TRUE'} ORDER BY rank, idx"
+        ).to_arrow_table()
+        kind = table.column("kind").to_numpy().astype(np.int64)
+        name, names = _encode(table.column("name"))
+        dtype, dtypes = _encode(table.column("dtype"))
+        return _Spans(
+            rank=table.column("rank").to_numpy().astype(np.int64),
+            step=table.column("step").to_numpy().astype(np.int64),
+            kind=kind,
+            micro=table.column("micro").to_numpy().astype(np.int64),
+            start=table.column("start_ns").to_numpy(),
+            end=table.column("end_ns").to_numpy(),
+            nbytes=table.column("bytes").to_numpy(),
+            value=table.column("value").fill_null(np.nan).to_numpy(),
+            name=name,
+            dtype=dtype,
+            lane=table.column("lane").to_numpy().astype(np.int64),
+            names=names,
+            dtypes=dtypes,
+        )
+
+    def tables(self) -> Iterator[_Table]:
+        """The event table of each chunk, in step order (collective ids numbered on)."""
+        cid_base = 0
+        for lo, hi in self.ranges():
+            t = _build(self.spans(lo, hi), self.layout, cid_base, lo, hi)
+            cid_base += t.n_collectives
+            yield t
+
+    def close(self) -> None:
+        """Drop the staged spans (the engine's database and spill directory)."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
+_ARRAY_FIELDS = (
+    "rank", "step", "kind", "micro", "start", "end", "nbytes", "value", "name", "dtype", "lane",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,18 +727,11 @@ def _json_strings(values: Sequence[Any]) -> pa.Array:
     return pa.array([json.dumps(str(v), ensure_ascii=False) for v in values] + ['""'])
 
 
-def _codes(cat: pd.Series) -> np.ndarray:
-    c = cat.cat.codes.to_numpy().astype(np.int64)
-    c[c < 0] = len(cat.cat.categories)
-    return c
-
-
 @dataclass
 class _Table:
     """Everything needed to emit the events, as numpy columns; strings are made per batch."""
 
-    meta: list[dict[str, Any]]
-    other: dict[str, Any]
+    n_collectives: int
     # slices
     x_pid: np.ndarray
     x_tid: np.ndarray
@@ -361,54 +780,32 @@ class _Table:
         return len(self.e_type)
 
 
-def _build(
-    src: _Source,
-    steps: StepRange | None,
-    steps_df: pd.DataFrame | None,
-    horovod: pd.DataFrame | None = None,
-) -> _Table:
-    spans = src.spans
-    kind_all = spans["kind"].cat.codes.to_numpy()
-    not_clock = kind_all != _K["clock"]
-    start_all = spans["start_ns"].to_numpy(np.int64)
-    if not not_clock.any():
-        raise TraceError("nothing to export: the run has no spans")
-    t0 = int(start_all[not_clock].min())
+def _build(sp: _Spans, lay: _Layout, cid_base: int, lo: int | None, hi: int | None) -> _Table:
+    """The event table of the chunk ``sp`` (steps ``[lo, hi)``, None: unbounded): its slices,
+    collectives and flows, counters, and the comm/compute counters and Horovod slices of those
+    steps; collective ids from ``cid_base``."""
+    t0 = lay.t0
+    kind, rank, step = sp.kind, sp.rank, sp.step
+    start = sp.start - t0
+    end = np.maximum(sp.end - t0, start)
+    name_code = sp.name
+    names = _json_strings(sp.names)
 
-    step_all = spans["step"].to_numpy(np.int64)
-    keep = not_clock
-    if steps is not None:
-        keep = keep & steps.mask(step_all)
-        if not keep.any():
-            have = step_all[not_clock]
-            raise TraceError(
-                f"no spans in steps {steps.label()} (the run has steps {have.min()}..{have.max()})"
-            )
-    sel = np.flatnonzero(keep)
-    kind = kind_all[sel]
-    rank = spans["rank"].to_numpy(np.int64)[sel]
-    step = step_all[sel]
-    start = start_all[sel] - t0
-    end = np.maximum(spans["end_ns"].to_numpy(np.int64)[sel] - t0, start)
-    name_code = _codes(spans["name"])[sel]
-    names = _json_strings(spans["name"].cat.categories)
+    def in_chunk(s: np.ndarray) -> np.ndarray:
+        m = np.ones(len(s), bool)
+        if lo is not None:
+            m &= s >= lo
+        if hi is not None:
+            m &= s < hi
+        return m
 
     # ---- slices and lanes
-    group = GROUP_OF_KIND[kind]
+    group = np.where(kind >= 0, GROUP_OF_KIND[np.maximum(kind, 0)], -1)
     xs = group >= 0
     x_rank, x_group = rank[xs], group[xs]
     x_start, x_end = start[xs], end[xs]
-    n_groups = len(LANE_GROUPS)
-    lanes = assign_lanes(x_rank * n_groups + x_group, x_start, x_end)
-    nsub = np.zeros(n_groups, np.int64)
-    if len(lanes):
-        np.maximum.at(nsub, x_group, lanes + 1)
-    nsub[_G_STEP] = max(1, nsub[_G_STEP])
-    slot_base = np.concatenate([[0], np.cumsum(nsub)[:-1]])
-    total_slots = int(nsub.sum())
-    stride = 10 ** max(2, len(str(total_slots)))
-    x_slot = slot_base[x_group] + lanes
-    x_tid = x_rank * stride + x_slot + 1
+    x_slot = lay.slot_base[x_group] + sp.lane[xs]
+    x_tid = x_rank * lay.stride + x_slot + 1
 
     # ---- collectives and flows
     x_kind = kind[xs]
@@ -417,63 +814,50 @@ def _build(
     x_coll = np.full(len(x_kind), -1, np.int64)
     ar = np.flatnonzero(x_kind == _K["allreduce"])
     f_id = f_src = f_dst = np.zeros(0, np.int64)
+    n_coll = 0
     if len(ar):
         a_rank, a_step, a_name, a_start = x_rank[ar], x_step[ar], x_name[ar], x_start[ar]
         # one collective per (step, tensor): the format's key, as the analysis pairs them
         _, cid = np.unique(collective_keys(a_step, a_name), return_inverse=True)
-        cid = cid.astype(np.int64)
-        x_coll[ar] = cid
+        cid = cid.astype(np.int64).reshape(-1)
+        n_coll = int(cid.max()) + 1
+        x_coll[ar] = cid + cid_base
         # the source of each collective: earliest start, then lowest rank
         o3 = np.lexsort((a_rank, a_start, cid))
         is_src = np.ones(len(o3), bool)
         is_src[1:] = cid[o3][1:] != cid[o3][:-1]
-        src_of = np.empty(int(cid.max()) + 1, np.int64)
+        src_of = np.empty(n_coll, np.int64)
         src_of[cid[o3][is_src]] = ar[o3][is_src]
         dst = ar[o3][~is_src]
         f_dst = dst
-        f_src = src_of[x_coll[dst]]
-        n_rank_ids = int(x_rank.max()) + 1
-        f_id = x_coll[dst] * n_rank_ids + x_rank[dst] + 1
+        f_src = src_of[x_coll[dst] - cid_base]
+        f_id = x_coll[dst] * lay.n_rank_ids + x_rank[dst] + 1
 
     # ---- counters: scalars
-    is_scalar = (kind == _K["scalar"]) & np.isfinite(spans["value"].to_numpy(np.float64)[sel])
+    is_scalar = (kind == _K["scalar"]) & np.isfinite(sp.value)
     # a parameter fingerprint (hvtrace.record.consistency) is a hash: no quantity to draw
-    cats = pd.Index(spans["name"].cat.categories.astype(str))
-    fingerprint = np.append(np.asarray(cats.str.startswith(FINGERPRINT_PREFIX), bool), False)
+    fingerprint = np.append(
+        np.asarray([n.startswith(FINGERPRINT_PREFIX) for n in sp.names], bool), False
+    )
     is_scalar &= ~fingerprint[name_code]
     c_rank = rank[is_scalar]
-    c_tid = c_rank * stride + int(slot_base[_G_STEP]) + 1
-    c_value = spans["value"].to_numpy(np.float64)[sel][is_scalar]
+    c_tid = c_rank * lay.stride + int(lay.slot_base[_G_STEP]) + 1
+    c_value = sp.value[is_scalar]
 
-    # ---- counters: comm/compute ratio per rank and step
-    if steps_df is None:  # the analysis's own step table: one definition of the ratio
-        from hvtrace.analysis.steps import step_table
-
-        steps_df = step_table(spans.iloc[sel])
-    ratio = steps_table(steps_df)
-    ratio = ratio[np.isfinite(ratio["comm_compute_ratio"].to_numpy(np.float64))]
-    if steps is not None:
-        ratio = ratio[steps.mask(ratio["step"].to_numpy(np.int64))]
-    ratio = ratio[ratio["rank"].isin(src.ranks)]
+    # ---- counters: comm/compute ratio per rank and step (the analysis's), of these steps
+    ratio = lay.ratio[in_chunk(lay.ratio["step"].to_numpy(np.int64))]
     r_rank = ratio["rank"].to_numpy(np.int64)
     r_ts = np.maximum(ratio["start_ns"].to_numpy(np.int64) - t0, 0)
-    r_tid = r_rank * stride + int(slot_base[_G_STEP]) + 1
+    r_tid = r_rank * lay.stride + int(lay.slot_base[_G_STEP]) + 1
 
     # ---- Horovod's timeline under rank 0, each slice in rank 0's step in which it starts
-    is_step0 = (kind == _K["step"]) & (rank == 0)
-    hv = _HorovodSlices.of(
-        horovod if 0 in src.ranks else None,
-        t0,
-        tid_base=stride * (max(src.ranks, default=0) + 1),
-        step_start=start[is_step0],
-        step_no=step[is_step0],
-    )
+    hv = lay.hv
+    h_sel = np.flatnonzero(in_chunk(hv.step))
 
     # ---- elements and their order: by step, then unit (a collective's slices and flows stay
     # together, so an oversized step can still be cut between units), then type
     n_x, n_c, n_r, n_f = len(x_kind), int(is_scalar.sum()), len(r_rank), len(f_id)
-    n_h = len(hv.ts)
-    n_coll = int(x_coll.max()) + 1 if len(ar) else 0
+    n_h = len(h_sel)
     e_type = np.concatenate(
         [
             np.where(x_kind == _K["allreduce"], _T_XAR, _T_X),
@@ -484,13 +868,14 @@ def _build(
         ]
     ).astype(np.int64)
     e_idx = np.concatenate(
-        [np.arange(n_x), np.arange(n_c), np.arange(n_r), np.arange(n_f), np.arange(n_h)]
+        [np.arange(n_x), np.arange(n_c), np.arange(n_r), np.arange(n_f), h_sel]
     ).astype(np.int64)
     e_step = np.concatenate(
-        [x_step, step[is_scalar], ratio["step"].to_numpy(np.int64), x_step[f_dst], hv.step]
+        [x_step, step[is_scalar], ratio["step"].to_numpy(np.int64), x_step[f_dst], hv.step[h_sel]]
     ).astype(np.int64)
-    e_ts = np.concatenate([x_start, start[is_scalar], r_ts, x_start[f_src], hv.ts])
-    own_unit = n_coll + np.arange(len(e_type), dtype=np.int64)
+    e_ts = np.concatenate([x_start, start[is_scalar], r_ts, x_start[f_src], hv.ts[h_sel]])
+    # units: a collective's id; every other element a unit of its own, numbered after them
+    own_unit = (cid_base + n_coll) + np.arange(len(e_type), dtype=np.int64)
     e_unit = np.concatenate(
         [
             np.where(x_coll >= 0, x_coll, own_unit[:n_x]),
@@ -502,31 +887,26 @@ def _build(
     unit_ts = e_ts.copy()
     if n_coll:
         coll_ts = np.full(n_coll, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(coll_ts, x_coll[ar], x_start[ar])
-        in_coll = e_unit < n_coll
-        unit_ts[in_coll] = coll_ts[e_unit[in_coll]]
+        np.minimum.at(coll_ts, x_coll[ar] - cid_base, x_start[ar])
+        in_coll = e_unit < cid_base + n_coll
+        unit_ts[in_coll] = coll_ts[e_unit[in_coll] - cid_base]
     order = np.lexsort((e_ts, e_type, e_unit, unit_ts, e_step))
 
-    meta = _metadata(src, stride, slot_base, nsub, x_rank, x_slot) + hv.meta
-    other = _other_data(src, t0, steps, nsub)
-    if n_h:
-        other["horovod_timeline"] = {"tensors": len(hv.tensors) - 1, "slices": n_h}
     return _Table(
-        meta=meta,
-        other=other,
+        n_collectives=n_coll,
         x_pid=x_rank,
         x_tid=x_tid,
         x_ts=x_start,
         x_dur=x_end - x_start,
         x_step=x_step,
-        x_micro=spans["micro"].to_numpy(np.int64)[sel][xs],
+        x_micro=sp.micro[xs],
         x_kind=x_kind.astype(np.int64),
         x_name=x_name,
-        x_bytes=spans["bytes"].to_numpy(np.int64)[sel][xs],
-        x_dtype=_codes(spans["dtype"])[sel][xs],
+        x_bytes=sp.nbytes[xs],
+        x_dtype=sp.dtype[xs],
         x_coll=x_coll,
         names=names,
-        dtypes=_json_strings(spans["dtype"].cat.categories),
+        dtypes=_json_strings(sp.dtypes),
         c_pid=c_rank,
         c_tid=c_tid,
         c_ts=start[is_scalar],
@@ -921,12 +1301,16 @@ def chrome_events(
     built-in :func:`comm_compute_ratio`; ``horovod``: Horovod's timeline on rank 0's clock
     (:func:`hvtrace.analysis.hvd_timeline.aligned_activities`), drawn under rank 0.
     """
-    t = _build(_source(run_or_spans, hosts), check_steps(steps), steps_df, horovod)
-    yield from (dict(m) for m in t.meta)
-    for lo, hi in _batches(t):
-        arr = _batch_strings(t, lo, hi)
-        for s in arr.to_pylist():
-            yield from json.loads("[" + s[2:] + "]")
+    chunks = _Chunks(run_or_spans, check_steps(steps), steps_df, hosts, horovod)
+    try:
+        yield from (dict(m) for m in chunks.layout.meta)
+        for t in chunks.tables():
+            for lo, hi in _batches(t):
+                arr = _batch_strings(t, lo, hi)
+                for s in arr.to_pylist():
+                    yield from json.loads("[" + s[2:] + "]")
+    finally:
+        chunks.close()
 
 
 def write_chrome_trace(
@@ -959,15 +1343,22 @@ def write_chrome_trace(
     kind = check_output(out, inputs)
     if kind != "stream":
         make_output_dir(out.parent)
-    t = _build(_source(run, hosts), check_steps(steps), steps_df, horovod)
-    writer = _PartWriter(out, t, max_events, max_bytes, stream=kind == "stream", inputs=inputs)
+    chunks = _Chunks(run, check_steps(steps), steps_df, hosts, horovod)
     try:
-        for (lo, hi), arr in _strings_in_order(t):
-            writer.add_batch(arr, t.e_type[lo:hi], t.e_step[lo:hi], t.e_unit[lo:hi])
-        return writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
+        lay = chunks.layout
+        writer = _PartWriter(
+            out, lay.meta, lay.other, max_events, max_bytes, stream=kind == "stream", inputs=inputs
+        )
+        try:
+            for t in chunks.tables():
+                for (lo, hi), arr in _strings_in_order(t):
+                    writer.add_batch(arr, t.e_type[lo:hi], t.e_step[lo:hi], t.e_unit[lo:hi])
+            return writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+    finally:
+        chunks.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -993,7 +1384,8 @@ class _PartWriter:
     def __init__(
         self,
         out: Path,
-        t: _Table,
+        meta: list[dict[str, Any]],
+        other: dict[str, Any],
         max_events: int,
         max_bytes: int,
         stream: bool = False,
@@ -1003,15 +1395,15 @@ class _PartWriter:
         self.stream = stream  # a device or FIFO: written through, one part only
         self.inputs = inputs or []
         self.gz = out.name.endswith(".gz")
-        sep = (",\n").join(json.dumps(m, separators=(",", ":")) for m in t.meta)
+        sep = (",\n").join(json.dumps(m, separators=(",", ":")) for m in meta)
         self.head = ('{"traceEvents":[\n' + sep).encode()
-        self.other = t.other
-        worst = dict(t.other, part=10**6, steps=[-(2**31), -(2**31)])
-        self.budget_e = max_events - len(t.meta)
+        self.other = other
+        worst = dict(other, part=10**6, steps=[-(2**31), -(2**31)])
+        self.budget_e = max_events - len(meta)
         self.budget_b = max_bytes - len(self.head) - len(self._tail(worst)) - 16
         if self.budget_e < 2:
             raise ValueError(
-                f"max_events={max_events} leaves no room: each part repeats {len(t.meta)} "
+                f"max_events={max_events} leaves no room: each part repeats {len(meta)} "
                 "metadata events"
             )
         if self.budget_b < 1024:

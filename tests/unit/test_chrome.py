@@ -526,3 +526,46 @@ def test_collectives_are_the_analysis_collectives() -> None:
     coll = collective_table(spans)
     assert len({c for _, _, c in ids}) == len(coll) == 3 * 4
     assert {(s, n) for s, n, _ in ids} == set(zip(coll["step"], coll["name"]))
+
+
+def test_a_run_is_exported_from_its_files_chunk_by_chunk_as_from_its_frame(tmp_path: Path) -> None:
+    """A run's files are read through the engine a chunk of steps at a time (its span frame is
+    never built): the same events, in the same order, as the export of its frame, whatever the
+    chunk size, with a steps cut too, and through the part writer."""
+    from helpers import synth_module
+
+    from hvtrace.export import chrome
+    from hvtrace.load import load_run, open_run
+
+    synth = synth_module()
+    synth.write_synth_run(tmp_path / "r", ranks=3, steps=24, tensors=5, slow_rank=1)
+    frame_run = load_run(tmp_path / "r")  # its frame built: exported from it
+    want = list(chrome_events(frame_run))
+    assert sum(e["ph"] == "f" for e in want) > 0
+    for chunk_spans in (10**9, 400, 1):
+        run = open_run(tmp_path / "r")
+        chunks = chrome._Chunks(run, None, None, None, None, chunk_spans=chunk_spans)
+        try:
+            n_chunks = len(chunks.ranges())
+            got = [dict(m) for m in chunks.layout.meta]
+            for t in chunks.tables():
+                for lo, hi in chrome._batches(t):
+                    for s in chrome._batch_strings(t, lo, hi).to_pylist():
+                        got += json.loads("[" + s[2:] + "]")
+        finally:
+            chunks.close()
+        assert "spans" not in vars(run)  # the frame was not built
+        assert n_chunks == (1 if chunk_spans == 10**9 else 24 if chunk_spans == 1 else n_chunks)
+        assert got == want, chunk_spans
+    # a steps cut: the time origin stays the run's, the steps are those asked
+    run = open_run(tmp_path / "r")
+    cut = list(chrome_events(run, steps=(5, 9)))
+    assert "spans" not in vars(run)
+    assert cut == list(chrome_events(frame_run, steps=(5, 9)))
+    assert {e["args"]["step"] for e in x_events(cut)} == set(range(5, 9))
+    # parts: the same steps end up in the same parts
+    a = write_chrome_trace(open_run(tmp_path / "r"), tmp_path / "a.json", max_events=400)
+    b = write_chrome_trace(frame_run, tmp_path / "b.json", max_events=400)
+    assert len(a) == len(b) > 2
+    for pa_, pb_ in zip(a, b):
+        assert read_trace(pa_)["traceEvents"] == read_trace(pb_)["traceEvents"]
