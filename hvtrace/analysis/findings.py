@@ -15,6 +15,11 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis.antipatterns import (
+    oversubscribed_findings,
+    shared_gpu_findings,
+    unsharded_findings,
+)
 from hvtrace.analysis.consistency import divergence_findings
 from hvtrace.analysis.links import link_words
 from hvtrace.analysis.lockstep import describe as describe_lockstep
@@ -84,10 +89,13 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
         for b in a.lockstep
     ]
     out += divergence_findings(a)  # ranks that stopped training the same model
+    out += unsharded_findings(a)  # ranks that train on the same batches
     out += _run_state(a)
     rank0 = _rank0_blocking(a, config or StragglerConfig())
     out += _stragglers(a, skip_rank0=bool(rank0))
     out += rank0
+    out += shared_gpu_findings(a)  # the placement of the ranks: GPUs, threads against cores
+    out += oversubscribed_findings(a)
     out += _contention(a)
     unexplained = _unexplained(a)
     out += unexplained
@@ -119,7 +127,15 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
 
 
 #: Findings about whether the job is correct or complete: first, whatever their time cost.
-CORRECTNESS_KINDS: Final = ("hang", "stall", "lockstep", "divergence", "incomplete", "dropped")
+CORRECTNESS_KINDS: Final = (
+    "hang",
+    "stall",
+    "lockstep",
+    "divergence",
+    "unsharded_data",
+    "incomplete",
+    "dropped",
+)
 
 
 def finding_cost(f: Finding, step_ms: float) -> tuple[float | None, float | None]:
@@ -132,7 +148,7 @@ def finding_cost(f: Finding, step_ms: float) -> tuple[float | None, float | None
         ms, share = d.get("blocked_ms_per_step"), d.get("run_share")
     elif ms is None and f.kind == "comm_bound":
         ms = d.get("exposed_ms")
-    elif ms is None and f.kind == "contention":
+    elif ms is None and f.kind in ("contention", "oversubscribed"):
         ms = d.get("runq_ms")
     if ms is not None and share is None and np.isfinite(step_ms) and step_ms > 0:
         share = float(ms) / step_ms
@@ -424,6 +440,12 @@ def _contention(a: Analysis) -> list[Finding]:
     or not: on a balanced run the contention is the finding, not a phase."""
     st = a.stragglers
     advised = set(st.loc[st["cause"] == "contention", "host"]) if "cause" in st else set()
+    # a host whose ranks ask for more threads than its cores: that finding says what to do
+    over = {
+        str(e.get("host"))
+        for e in (getattr(a, "placement", None) or {}).get("hosts") or []
+        if e.get("oversubscribed")
+    }
     out = []
     v = a.verdicts
     coord = v[(v["rank"] == 0) & v["reason"].astype(str).str.startswith(COORDINATOR_NOTE)]
@@ -447,7 +469,14 @@ def _contention(a: Analysis) -> list[Finding]:
                 f"{h.runq_ms:.1f} ms per step runnable but without a CPU, {h.work_share:.0%} of "
                 f"their {h.work_ms:.1f} ms outside synchronize (most: rank {h.worst_rank}, "
                 f"{h.worst_runq_ms:.1f} ms){rank0}"
-                + ("" if h.host in advised else "; " + cause_advice("contention", a.controller)),
+                + (
+                    "; its ranks ask for more threads than it has cores (see the oversubscribed "
+                    "finding)"
+                    if h.host in over
+                    else ""
+                    if h.host in advised
+                    else "; " + cause_advice("contention", a.controller)
+                ),
                 h.runq_ms,
                 "ms",
                 {

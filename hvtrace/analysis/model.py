@@ -87,6 +87,26 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "metrics before a decision every rank takes (learning-rate schedules, early stopping); "
         "give every rank the same learning rate.",
     ),
+    "unsharded_data": FindingKind(
+        "Ranks that train on the same batches",
+        "warning",
+        "At step 0 and at each consistency check (`consistency_every`), every rank records a "
+        "fingerprint of the batch its model's forward received (its first tensor argument: up "
+        "to 64 elements at fixed positions, with the shape; needs `model=`). Ranks whose "
+        "fingerprints are equal at every checked step after the first (two checks at least) "
+        "trained on the same batches: each computed the same gradients, and the average of "
+        "several ranks' gradients is one batch's. The usual cause is a DataLoader without a "
+        "`DistributedSampler`, or synthetic data drawn from the same seed on every rank. Data "
+        "meant to be the same on every rank cannot be told apart, so the finding names it as "
+        "the likely cause. `data.groups` lists the groups of ranks with equal batches and the "
+        "first step each was seen.",
+        "The share of the job's compute spent on duplicate batches, `data.wasted_share` = 1 - "
+        "(different batch sequences) / ranks: 4 ranks on the same batches did the work of 1, "
+        "75 % wasted.",
+        "Shard the data: `DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())` "
+        "as the DataLoader's sampler, and `sampler.set_epoch(epoch)` at each epoch; for "
+        "generated data, seed each rank's generator with its rank.",
+    ),
     "incomplete": FindingKind(
         "An incomplete run",
         "warning",
@@ -148,6 +168,32 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "Run fewer busy threads than cores per rank (torch.set_num_threads / OMP_NUM_THREADS, "
         "fewer DataLoader workers), pin ranks to their own cores (horovodrun --binding-args, "
         "taskset), keep other jobs off the host.",
+    ),
+    "oversubscribed": FindingKind(
+        "More threads than cores on a host",
+        "warning; info when the run-queue wait measured there stayed under 2 % of the work",
+        "The ranks of one host together ask torch for more intra-op threads than the cores "
+        "they may run on (from the rank headers: `torch.get_num_threads()` when the optimizer "
+        "was built, the CPU affinity, the host's CPU count), or one rank asks for more than its "
+        "own affinity allows. Their busy threads then take turns on the cores. torch's default "
+        "is one thread per core for every process, so several ranks per host oversubscribe it "
+        "unless each is told its share.",
+        "The run-queue wait measured on that host, per step (`data.runq_ms`: time runnable "
+        "without a CPU outside synchronize, the same figure as the contention finding's), and "
+        "its share of the ranks' work (`data.work_share`).",
+        "`torch.set_num_threads(cores // ranks_on_host)` in each rank before training "
+        "(`data.suggested_threads`; or `OMP_NUM_THREADS`), or fewer ranks per host.",
+    ),
+    "shared_gpu": FindingKind(
+        "Ranks sharing one GPU",
+        "warning",
+        "Two ranks or more of one host train on the same CUDA device (the same UUID, else PCI "
+        "bus id, in their headers): they take turns on it and share its memory while the "
+        "host's other GPUs may idle. Usually `torch.cuda.set_device(hvd.local_rank())` is "
+        "missing, or the device is hard-coded as `cuda:0`.",
+        "Not priced in time: each rank gets about 1/n of the device (`value`: the ranks on it).",
+        "Right after `hvd.init()`, `torch.cuda.set_device(hvd.local_rank())`, and build the "
+        "model and tensors on `torch.device('cuda', hvd.local_rank())`.",
     ),
     "rank0_blocking": FindingKind(
         "Rank 0 blocks between steps",
@@ -356,6 +402,15 @@ class Analysis:
     controller: str = ""
     #: Versions the header recorded: ``torch``, ``horovod``, ``hvtrace`` (None: not recorded).
     versions: dict[str, str | None] = field(default_factory=dict)
+    #: :func:`hvtrace.analysis.antipatterns.batch_check`: the ranks' batch fingerprints compared
+    #: (groups of ranks that trained on the same batches; empty without fingerprints).
+    batches: dict[str, Any] = field(default_factory=dict)
+    #: :func:`hvtrace.analysis.antipatterns.placement`: per host, torch threads against cores,
+    #: and CUDA devices shared by ranks (empty for a frame or files without the fields).
+    placement: dict[str, Any] = field(default_factory=dict)
+    #: :func:`hvtrace.analysis.antipatterns.lr_summary`: the recorded learning rates beside the
+    #: world size (information).
+    scale: dict[str, Any] = field(default_factory=dict)
 
     @property
     def lightning(self) -> str | None:

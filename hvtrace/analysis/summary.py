@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from hvtrace.analysis import consistency, hvd_timeline
+from hvtrace.analysis import antipatterns, consistency, hvd_timeline
 from hvtrace.analysis.bandwidth import (
     BANDWIDTH_CAVEAT,
     comm_summary,
@@ -179,7 +179,8 @@ def analyze_spans(
         outside=summ.outside,
     )
     a.consistency = consistency.check_frame(spans, steps)
-    if a.consistency.get("divergences"):
+    a.batches = antipatterns.batch_check_frame(spans, steps)
+    if a.consistency.get("divergences") or a.batches.get("groups"):
         a.findings = make_findings(a, config)
     return a
 
@@ -332,6 +333,8 @@ def analyze(
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)
     a.consistency = consistency.check(sources, steps)
+    a.batches, a.scale = antipatterns.scan(sources, run.size, steps)
+    a.placement = antipatterns.placement({r: f.header for r, f in run.files.items()})
     a.links = link_table(connection_rows(run.files, run.hosts))
     cont = a.contention
     a.limiting_link = limiting_link(
@@ -342,6 +345,8 @@ def analyze(
     a.problems = list(run.problems) + salvaged
     if a.consistency.get("error"):
         a.problems.append(f"consistency checks not read: {a.consistency['error']}")
+    if a.batches.get("error"):
+        a.problems.append(f"batch fingerprints not read: {a.batches['error']}")
     a.horovod_timeline = hvd_timeline.run_section(run, sources, horovod_timeline)
     a.live = [e for _r, f in sorted(run.files.items()) for e in getattr(f, "live", [])]
     a.missing_ranks = list(run.missing_ranks)

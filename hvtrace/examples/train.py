@@ -5,7 +5,8 @@ Run it under Horovod, for example::
     horovodrun -np 2 -H localhost:2 --gloo python -m hvtrace.examples.train --trace-dir runs/demo
 
 Everything is deterministic for a given ``--seed``: each rank draws its batches from its own
-seeded generator, so a traced and an untraced run end with identical parameters. Options inject a
+seeded generator (seeded with its rank: the data is sharded; ``--unsharded`` gives every rank the
+same batches), so a traced and an untraced run end with identical parameters. Options inject a
 known slowdown on one rank (``--slow-rank``) or on every rank of one host (``--slow-host``):
 ``--slow-kind sleep`` (the default) sleeps (the rank is blocked), ``--slow-kind compute`` does
 extra matrix products on the training thread (more work); ``--pin-cores`` pins each rank to one
@@ -315,6 +316,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="initialize the model with seed + rank (different weights per rank before the "
         "broadcast)",
     )
+    # set-up anti-patterns (issue 40): what the analysis must name, and what it must not
+    p.add_argument(
+        "--unsharded",
+        action="store_true",
+        help="every rank draws the same batches (one seed for all: the data is not sharded, as "
+        "without a DistributedSampler); by default each rank draws its own",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="torch.set_num_threads(N) on every rank (default 0: the host's cores divided among "
+        "its ranks, so that they never ask for more threads than it has cores)",
+    )
     return p.parse_args(argv)
 
 
@@ -371,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(args.seed + (rank if args.rank_seed else 0))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    torch.set_num_threads(args.torch_threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
     wide = args.wide_layer
     core: nn.Module = CNN() if args.model == "cnn" else MLP(args.width, args.layers, wide=wide)
     on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
@@ -408,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         hvd.broadcast_parameters(core.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
 
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    # each rank its own batches (sharded), unless --unsharded: the same seed on every rank
+    gen = torch.Generator().manual_seed(args.seed * 1000 + (0 if args.unsharded else rank))
     w_true = torch.randn(256, 10, generator=torch.Generator().manual_seed(args.seed))
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []

@@ -82,8 +82,7 @@ from hvtrace.export.chrome import (
     steps_table,
 )
 from hvtrace.export.output import open_output
-from hvtrace.format.schema import KINDS, collective_keys
-from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
+from hvtrace.format.schema import HASH_PREFIXES, KINDS, collective_keys
 from hvtrace.load import RankSource, Run, align_times, span_sources
 from hvtrace.selection import StepRange
 
@@ -758,8 +757,8 @@ def _write_rank(
         is_scalar = is_scalar[np.isfinite(value[is_scalar])]
         sc = name_code[is_scalar]
         for c in np.unique(sc):
-            if names[int(c)].startswith(FINGERPRINT_PREFIX):
-                continue  # a parameter fingerprint (a hash) is no quantity to draw
+            if names[int(c)].startswith(HASH_PREFIXES):
+                continue  # a parameter or batch fingerprint (a hash): nothing to draw
             idx = is_scalar[sc == c]
             idx = idx[np.argsort(start[idx], kind="stable")]
             counters.append((names[int(c)], start[idx], value[idx]))

@@ -391,7 +391,7 @@ def format_report(
     for p in a.problems:
         L += wrap(_relative(p, a.run_dir), w, "! ", "  ")
     for f in a.findings:
-        if f.kind in ("hang", "reset", "lockstep") or (
+        if f.kind in ("hang", "reset", "lockstep", "unsharded_data") or (
             f.kind == "divergence" and f.severity == "warning"
         ):
             L += wrap(f.message, w, "! ", "  ")  # at the top
@@ -564,6 +564,8 @@ def format_report(
             w,
         )
 
+    L += _setup_section(a, w)
+
     # -- findings
     if a.findings:
         L.append("")
@@ -625,8 +627,12 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     ``lockstep`` (where ranks fell out of step: :mod:`hvtrace.analysis.lockstep`),
     ``consistency`` (what was compared across ranks: parameter checks, steps and tensors,
     learning-rate steps and groups, values that must agree; and the divergences, first step first:
-    :func:`hvtrace.analysis.consistency.check`), ``communication`` (per-step aggregates and the
-    caveat), ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns,
+    :func:`hvtrace.analysis.consistency.check`), ``batches`` (the ranks' batch fingerprints
+    compared: :func:`hvtrace.analysis.antipatterns.batch_check`), ``placement`` (per host, torch
+    threads against cores; CUDA devices shared: :func:`~hvtrace.analysis.antipatterns. placement`),
+    ``scale`` (the learning rates recorded, beside the world size:
+    :func:`~hvtrace.analysis.antipatterns.lr_summary`), ``communication`` (per-step aggregates and
+    the caveat), ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns,
     method, drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
     ``framework`` (the header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning,
     else empty), ``controller`` (Horovod's: ``mpi``, ``gloo``, or empty when not recorded).
@@ -672,6 +678,9 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "hangs": list(a.hangs),
             "lockstep": list(a.lockstep),
             "consistency": dict(a.consistency),
+            "batches": dict(a.batches),
+            "placement": dict(a.placement),
+            "scale": dict(a.scale),
             "horovod_timeline": dict(a.horovod_timeline),
             "live": list(a.live),
             "membership": list(a.membership),
@@ -850,6 +859,76 @@ def _write_parts(f: Any, parts: Iterable[Any], fmt: str) -> None:
 
 
 # -- the timeline ----------------------------------------------------------------------------------
+def _setup_section(a: Analysis, w: int, max_hosts: int = 8) -> list[str]:
+    """The job's set-up as the ranks recorded it: whether their batches differ (the batch
+    fingerprints), each host's torch threads against its cores, CUDA devices shared, and the
+    learning rates beside the world size (:mod:`hvtrace.analysis.antipatterns`)."""
+    lines: list[str] = []
+    b = a.batches or {}
+    if b.get("checked"):
+        steps = b.get("steps") or []
+        listed = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+        if b.get("groups"):
+            verdict = (
+                f"{len(b['groups'])} group(s) of ranks trained on the same batches, "
+                f"{_pct(b.get('wasted_share'))} of the compute on duplicates (see the findings)"
+            )
+        elif int(b.get("checks") or 0) < 2:
+            verdict = "too few checks to judge (two needed)"
+        else:
+            verdict = "the ranks' batches differ (sharded)"
+        lines += wrap(
+            f"batches: fingerprints of {b.get('ranks')} ranks compared at {b.get('checks')} "
+            f"checked step(s) ({listed}): {verdict}",
+            w,
+            "  ",
+            "    ",
+        )
+    p = a.placement or {}
+    for e in (p.get("hosts") or [])[:max_hosts]:
+        threads = list(e["threads"].values())
+        each = (
+            f"{threads[0]} torch thread(s) each"
+            if len(set(threads)) == 1
+            else "torch threads " + "+".join(map(str, threads))
+        )
+        lines += wrap(
+            f"host {printable(str(e['host']))}: ranks {format_ranks(e['ranks'])}, {each}, "
+            f"{e['threads_total']} on {e['cores']} core(s)"
+            + (" (oversubscribed: see the findings)" if e.get("oversubscribed") else ""),
+            w,
+            "  ",
+            "    ",
+        )
+    for g in p.get("shared_gpus") or []:
+        lines += wrap(
+            f"GPU {printable(str(g['device']))} on {printable(str(g['host']))}: shared by "
+            f"ranks {format_ranks(g['ranks'])}",
+            w,
+            "  ",
+            "    ",
+        )
+    sc = a.scale or {}
+    for g in (sc.get("groups") or [])[:4]:
+        lr = (
+            f"{g['first_lr']:.6g}"
+            if g["min_lr"] == g["max_lr"]
+            else f"{g['first_lr']:.6g} at step {g['first_step']} to {g['last_lr']:.6g} at step "
+            f"{g['last_step']} (min {g['min_lr']:.6g}, max {g['max_lr']:.6g})"
+        )
+        lines += wrap(
+            f"learning rate (param group {g['group']}, rank {sc.get('rank', 0)}): {lr}, with "
+            f"{sc.get('size')} ranks (information: scaling the learning rate with the ranks "
+            "is the usual rule, not a requirement)",
+            w,
+            "  ",
+            "    ",
+        )
+    if not lines:
+        return []
+    return ["", "Set-up: data, threads, devices", *lines]
+
+
 def _live_section(a: Analysis, w: int, max_lines: int = 8) -> list[str]:
     """What live detection logged while the job ran (empty when nothing)."""
     if not a.live:

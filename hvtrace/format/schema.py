@@ -163,6 +163,14 @@ PARAM_PREFIX: Final = "hvtrace.param|"
 LR_PREFIX: Final = "hvtrace.lr|"
 MONITOR_PREFIX: Final = "hvtrace.monitor|"
 METRIC_PREFIX: Final = "hvtrace.metric|"
+#: A fingerprint of the batch the traced model's forward received, on the consistency checks'
+#: schedule (:class:`hvtrace.record.consistency.BatchFingerprints`): ``hvtrace.batch|input``, the
+#: first tensor argument. Unlike the names above, it must differ across ranks (each rank its own
+#: shard): :mod:`hvtrace.analysis.antipatterns` compares it.
+BATCH_PREFIX: Final = "hvtrace.batch|"
+BATCH_NAME: Final = BATCH_PREFIX + "input"
+#: Scalars whose value is a hash, not a quantity: no timeline draws them as a counter.
+HASH_PREFIXES: Final = (PARAM_PREFIX, BATCH_PREFIX)
 #: The user span around one parameter check.
 CHECK_SPAN: Final = "hvtrace.consistency"
 

@@ -22,6 +22,14 @@ reserved names (:mod:`hvtrace.analysis.consistency` compares them across ranks):
     ``non_blocking=True`` behind a CUDA event, and written when a later check (or the end of the
     run) finds the event done, like the CUDA timers (:mod:`hvtrace.record.timers`);
 
+- ``hvtrace.batch|input``: a fingerprint of the batch the traced model's forward received (its
+  first tensor argument), on the same schedule as the parameters (step 0, then every
+  ``consistency_every`` steps), at the first forward of the step (:class:`BatchFingerprints`). It
+  must differ across ranks, each training on its own shard: ranks with equal fingerprints at
+  every check trained on the same batches (:mod:`hvtrace.analysis.antipatterns`). Up to
+  :data:`BATCH_SAMPLES` elements at fixed positions spread over the tensor, with its shape and
+  dtype, hashed like a parameter (CRC-32 on the CPU, at once; the device sums on a GPU, read
+  back lazily with the parameters' fingerprints);
 - values the user marks as ones that must agree: ``hvtrace.scalar(name, value, agree=True)``
   (flag bit 3, :data:`hvtrace.format.schema.FLAG_AGREE`), and in Lightning the logged metrics at
   epoch end (``hvtrace.metric|NAME``) and the value a ``ReduceLROnPlateau`` is stepped with
@@ -41,6 +49,7 @@ from collections import deque
 from typing import Any, Final
 
 from hvtrace.format.schema import (
+    BATCH_NAME,
     CHECK_SPAN,
     FLAG_AGREE,
     KIND_CODE,
@@ -245,6 +254,172 @@ class ConsistencyChecks:
         if msg not in self._warned:
             self._warned.add(msg)
             log.warning("hvtrace: %s", msg)
+
+
+#: Elements of a batch sampled for its fingerprint, at most.
+BATCH_SAMPLES: Final = 64
+_SPREAD: Final = 2654435761  # Knuth's multiplicative hash: an offset in each bin that varies
+
+
+def batch_positions(n: int, k: int = BATCH_SAMPLES) -> list[int]:
+    """Positions of up to ``k`` elements of a flat tensor of ``n`` elements, the same for every
+    tensor of that size: one in each of ``k`` equal bins, at an offset within the bin that varies
+    from bin to bin (so a regular layout, an image's border column or a padded sequence's tail,
+    is not sampled at the same place in every bin)."""
+    if n <= k:
+        return list(range(n))
+    width = n // k
+    return [i * n // k + (i * _SPREAD) % width for i in range(k)]
+
+
+def _first_tensor(args: Any, kwargs: Any) -> Any:
+    """The first tensor among a forward's arguments (positional, then keyword), looking one level
+    into lists, tuples and dicts (a ``(x, y)`` batch, a ``**batch`` of tensors); None if none."""
+    import torch
+
+    is_tensor = torch.is_tensor
+    for a in (*args, *((kwargs or {}).values())):
+        if is_tensor(a):
+            return a
+        inner = a.values() if isinstance(a, dict) else a if isinstance(a, list | tuple) else ()
+        for b in inner:
+            if is_tensor(b):
+                return b
+    return None
+
+
+class BatchFingerprints:
+    """A forward pre-hook on the traced model that fingerprints the batch it receives (the first
+    tensor argument) at the first forward (with gradients on) of each step the parameter checks
+    of ``checks`` fingerprint: step 0 and every ``checks.every`` steps (see the module doc).
+
+    Between those steps the hook costs one comparison of the step number; the fingerprint itself
+    is the CRC-32 of :data:`BATCH_SAMPLES` elements on the CPU, or a few kernels queued on the
+    device for a CUDA tensor (copied back with the parameters' fingerprints, never waited for).
+    A failure turns this check off (one warning), nothing else: tracing and training go on.
+    """
+
+    def __init__(self, checks: ConsistencyChecks) -> None:
+        import torch
+
+        self.checks = checks
+        self.rec = checks.rec
+        self.every = int(checks.every)
+        step = int(self.rec.step)
+        #: The next step whose first forward is fingerprinted.
+        self.target = step + (-step) % self.every if self.every > 0 else -1
+        self.handle: Any = None
+        self.recorded = 0
+        self._grad_enabled = torch.is_grad_enabled
+        self._index: dict[tuple[int, Any], Any] = {}  # (numel, device) -> positions tensor
+
+    def install(self, model: Any) -> Any:
+        """Hook ``model``'s forward (a module, or a stand-in with ``register_forward_pre_hook``)
+        before the tracer's own pre-hook where it can, so the work counts in the input gap.
+        Returns the hook's handle (None when ``every`` is 0: no checks, no hook)."""
+        import torch
+
+        if self.every <= 0 or model is None:
+            return None
+        if isinstance(model, torch.nn.Module):
+            self.handle = model.register_forward_pre_hook(self, prepend=True, with_kwargs=True)
+        else:
+            self.handle = model.register_forward_pre_hook(self)
+        return self.handle
+
+    def __call__(self, module: Any, args: Any, kwargs: Any = None) -> None:
+        rec = self.rec
+        step = rec.step
+        if step < self.target:  # the common case: one comparison
+            return None
+        try:
+            if not rec.enabled or not self._grad_enabled():  # evaluation: not a training batch
+                return None
+            if step > self.target:  # the scheduled step had no forward here: the next one
+                self.target = step + (-step) % self.every
+                if step != self.target:
+                    return None
+            self.target = step + self.every
+            x = _first_tensor(args, kwargs)
+            if x is not None:
+                self.record(step, x)
+        except Exception as exc:  # noqa: BLE001 - this check only, never training
+            self.disable(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def record(self, step: int, x: Any) -> None:
+        """Record the fingerprint of tensor ``x`` as the batch of step ``step``."""
+        t = monotonic_ns()
+        n = int(x.numel())
+        shape = zlib.crc32(f"{tuple(x.shape)}|{x.dtype}".encode())
+        flat = x.detach().reshape(-1)
+        key = (n, flat.device)
+        idx = self._index.get(key)
+        if idx is None:
+            import torch
+
+            idx = torch.tensor(batch_positions(n), dtype=torch.int64, device=flat.device)
+            self._index = {key: idx}  # one size at a time (the last batch of an epoch)
+        sample = flat.index_select(0, idx)
+        if x.is_cuda:
+            self._launch(step, t, sample, shape)
+        else:
+            value = float(zlib.crc32(_raw_bytes(sample), shape))
+            self.rec.add(_K_SCALAR, BATCH_NAME, t, t, value=value, step=step)
+        self.recorded += 1
+
+    def _launch(self, step: int, t: int, sample: Any, shape: int) -> None:
+        """Queue the fingerprint of a CUDA sample with the parameter checks' pending copies."""
+        import torch
+
+        fp = torch.bitwise_and(fingerprint_device([sample]) * _MULT + shape, _MASK52)
+        host = torch.empty(fp.shape, dtype=fp.dtype, pin_memory=True)
+        host.copy_(fp, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        pending = self.checks.pending
+        if len(pending) >= MAX_PENDING:
+            old = pending.popleft()
+            self.checks.dropped += len(old[2])
+        pending.append((step, t, [BATCH_NAME], host, ev))
+
+    def disable(self, why: str) -> None:
+        """Turn this check off (one warning); tracing goes on."""
+        self.target = 1 << 62
+        if self.handle is not None:
+            try:
+                self.handle.remove()
+            except Exception:  # noqa: BLE001
+                pass
+            self.handle = None
+        log.warning("hvtrace: the batch fingerprint (unsharded data check) is off: %s", why)
+
+
+def _raw_bytes(t: Any) -> Any:
+    """The bytes of a small CPU tensor, as a numpy array (a bool or integer view where numpy has
+    no type for the dtype, such as bfloat16)."""
+    import torch
+
+    x = t.contiguous().reshape(-1)
+    size = x.element_size()
+    if x.dtype != torch.uint8:
+        x = x.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
+    return x.numpy().view("uint8")
+
+
+def make_batch_check(checks: ConsistencyChecks | None, model: Any) -> BatchFingerprints | None:
+    """The batch fingerprints for a traced ``model`` on the schedule of ``checks`` (None when there
+    are no checks, no model or ``every`` is 0). A failure to install is one warning."""
+    if checks is None or model is None or checks.every <= 0:
+        return None
+    batch = BatchFingerprints(checks)
+    try:
+        if batch.install(model) is None:
+            return None
+    except Exception as exc:  # noqa: BLE001
+        batch.disable(f"{type(exc).__name__}: {exc}")
+        return None
+    return batch
 
 
 def record_agree(rec: Any, name: str, value: Any, step: int | None = None) -> None:

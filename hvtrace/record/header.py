@@ -52,6 +52,8 @@ def build_header(
         "time_namespace": _time_namespace(),
         "pid": os.getpid(),
         "device": str(device),
+        "cpu": cpu_info(),
+        "cuda": cuda_info(device),
         "timing": "cuda_events" if timer.is_cuda else "host_monotonic",
         "cpu_counters": counters,
         "cpu_derived_max_ns": counters_derived_max_ns,
@@ -78,6 +80,58 @@ def build_header(
         "clock": {"method": "barrier-interval", "reference_rank": 0, "start": clock.to_dict()},
         "cuda_anchor_uncertainty_ns": getattr(timer, "anchor_uncertainty_ns", None),
     }
+
+
+def cpu_info() -> dict[str, Any]:
+    """What this rank asks of its host's CPUs: ``cpu_count`` (the host's logical CPUs),
+    ``affinity`` (the CPUs this process may run on, as a sorted list; None where the platform
+    cannot say), ``torch_threads`` / ``torch_interop_threads`` (torch's intra-op and inter-op
+    pools, as set when the optimizer was built) and ``omp_num_threads`` (the variable, if set)."""
+    out: dict[str, Any] = {"cpu_count": os.cpu_count(), "affinity": None}
+    try:
+        out["affinity"] = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        import torch
+
+        out["torch_threads"] = int(torch.get_num_threads())
+        out["torch_interop_threads"] = int(torch.get_num_interop_threads())
+    except Exception:  # noqa: BLE001 - torch missing or odd: not known
+        out["torch_threads"] = out["torch_interop_threads"] = None
+    out["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    return out
+
+
+def cuda_info(device: Any) -> dict[str, Any] | None:
+    """The CUDA device this rank trains on (``device``: its parameters' device): ``index``,
+    ``uuid``, ``pci_bus_id`` (``domain:bus:device``), ``name`` and ``visible`` (the devices this
+    process sees); None when it trains on the CPU. Two ranks of one host with the same ``uuid``
+    share one GPU."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    out: dict[str, Any] = {"index": getattr(device, "index", None)}
+    try:
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
+        out.update(
+            index=int(index),
+            uuid=str(uuid) if uuid is not None else None,
+            pci_bus_id=(
+                f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:"
+                f"{getattr(props, 'pci_device_id', 0):02x}"
+                if getattr(props, "pci_bus_id", None) is not None
+                else None
+            ),
+            name=str(props.name),
+            visible=int(torch.cuda.device_count()),
+        )
+    except Exception:  # noqa: BLE001 - what could be read stays
+        pass
+    return out
 
 
 def _controller(hvd: Any) -> str | None:

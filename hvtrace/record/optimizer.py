@@ -241,6 +241,10 @@ def trace_optimizer(
         tracer.checks = consistency.make_checks(tracer, every)
     except Exception as exc:  # noqa: BLE001
         tracer.fail(exc)
+    # the batch each rank trains on, on the same schedule (this check alone if it fails)
+    batch = consistency.make_batch_check(tracer.checks, model)
+    if batch is not None:
+        tracer._hooks.append(batch.handle)
     return tracer
 
 
