@@ -149,6 +149,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             run, steps=steps, skip_steps=args.skip_steps, memory_limit_bytes=memory,
             progress=progress, dask=args.dask, horovod_timeline=args.horovod_timeline,
         )  # fmt: skip
+    if steps is None and args.skip_steps == 1 and args.horovod_timeline is None:
+        # kept, so that the dashboard of this run opens without analyzing it again
+        from hvtrace.analysis.saved import default_key, save_analysis
+
+        save_analysis(a, default_key(run))
     to_stdout = args.json == "-"
     notes = []
     if args.json:

@@ -83,15 +83,21 @@ class RankSource:
     version: int = FORMAT_VERSION
 
 
-def span_sources(run: Run, steps: StepRange | None = None) -> list[RankSource]:
-    """Return the sources a query engine reads a run's spans from (by rank).
+def span_sources(
+    run: Run, steps: StepRange | None = None, ranks: Iterable[int] | None = None
+) -> list[RankSource]:
+    """Return the sources a query engine reads a run's spans from (by rank; ``ranks``: those
+    only, None: every rank).
 
     A compacted file is read by DuckDB from its path (``n_spans``: the rows of the row groups
     ``steps`` needs, which sizes the groups); a stream (live or crashed rank) from the table
     :mod:`hvtrace.load` read.
     """
     out = []
+    want = None if ranks is None else {int(r) for r in ranks}
     for r, rf in sorted(run.files.items()):
+        if want is not None and int(r) not in want:
+            continue
         lie = rf.check_step_statistics(steps)  # before any reader skips by them
         if lie:
             log.warning("%s", lie)

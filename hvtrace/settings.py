@@ -95,6 +95,11 @@ SWITCHES: Final = {
     "wait), from its judge process, off the training process (needs tensorboardX; default none)",
     "HVTRACE_NATIVE": "0 runs the pure-Python forms of the compiled hot path (the same records; "
     "for comparison, or if the compiled one is suspected) (default on)",
+    "HVTRACE_CACHE": "0 keeps no analysis on disk: hvtrace analyze and hvtrace dashboard save "
+    "the analysis of a finished run (with the default options) so that the dashboard opens it "
+    "without analyzing it again (default on; hvtrace.analysis.saved)",
+    "HVTRACE_CACHE_DIR": "where saved analyses go (default $XDG_CACHE_HOME/hvtrace/analyses, else "
+    "~/.cache/hvtrace/analyses; made 0700, at most 16 entries kept)",
 }
 
 _OFF: Final = {"0", "false", "off", "no"}

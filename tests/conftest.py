@@ -6,6 +6,7 @@
 - Tests marked ``gpu`` are skipped without a CUDA device.
 - After every test the process-wide active recorder is reset, so one test's recorder never
   records another test's spans.
+- Saved analyses go to a temporary directory of the session (``HVTRACE_CACHE_DIR``).
 - ``--busy-neighbour`` (``make test-busy``): a process keeps one core busy for the whole session,
   free to move between cores, as another job or a browser does on a user's machine; a test that
   depends on timing must pass with it (issue 39).
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +25,16 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 from helpers import horovod_unavailable_reason  # noqa: E402
+
+# the saved analyses (hvtrace.analysis.saved) of this session's runs go to a directory of its
+# own, never the user's cache (every subprocess, horovodrun's ranks included, inherits it)
+if "HVTRACE_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["HVTRACE_CACHE_DIR"] = tempfile.mkdtemp(prefix="hvtrace-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["HVTRACE_CACHE_DIR"], True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -66,8 +66,7 @@ import pyarrow.compute as pc
 
 from hvtrace.errors import TraceError
 from hvtrace.export.output import check_output, make_output_dir, output_mode
-from hvtrace.format.schema import KINDS, collective_keys
-from hvtrace.format.schema import PARAM_PREFIX as FINGERPRINT_PREFIX
+from hvtrace.format.schema import HASH_PREFIXES, KINDS, collective_keys
 from hvtrace.load import Run, span_sources
 from hvtrace.selection import SelectionError, StepRange
 
@@ -464,6 +463,8 @@ def _no_steps(steps: StepRange, have: tuple[int, int]) -> TraceError:
 
 #: Spans per chunk of steps built into events at a time (a run is never one table).
 CHUNK_SPANS = 1_000_000
+#: DuckDB's memory for the staged spans (past it they spill to the engine's directory).
+STAGE_MEMORY_BYTES = 256 << 20
 
 
 class _Chunks:
@@ -538,7 +539,8 @@ class _Chunks:
     def _stage_run(self, run: Run) -> tuple[int, np.ndarray, Any]:
         from hvtrace.analysis.engine import Engine, span_tables
 
-        eng = self._engine = Engine()
+        # the staged spans spill to disk past this: the export's memory does not grow with the run
+        eng = self._engine = Engine(memory_limit_bytes=STAGE_MEMORY_BYTES)
         con = eng.con
         con.execute(
             "CREATE TEMP TABLE hv_x (rank INTEGER, idx BIGINT, step INTEGER, kind SMALLINT, "
@@ -835,9 +837,9 @@ def _build(sp: _Spans, lay: _Layout, cid_base: int, lo: int | None, hi: int | No
 
     # ---- counters: scalars
     is_scalar = (kind == _K["scalar"]) & np.isfinite(sp.value)
-    # a parameter fingerprint (hvtrace.record.consistency) is a hash: no quantity to draw
+    # a parameter or batch fingerprint (hvtrace.record.consistency) is a hash: nothing to draw
     fingerprint = np.append(
-        np.asarray([n.startswith(FINGERPRINT_PREFIX) for n in sp.names], bool), False
+        np.asarray([n.startswith(HASH_PREFIXES) for n in sp.names], bool), False
     )
     is_scalar &= ~fingerprint[name_code]
     c_rank = rank[is_scalar]
