@@ -96,15 +96,11 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from hvtrace.analysis import analyze
     from hvtrace.analysis.engine import parse_size, span_tables
+    from hvtrace.export.jsondoc import write_json
     from hvtrace.export.output import check_output, check_table_dir
-    from hvtrace.export.report import (
-        WIDTH,
-        format_report,
-        wrap,
-        write_json,
-        write_tables,
-        write_timeline,
-    )
+    from hvtrace.export.report import WIDTH, format_report, wrap
+    from hvtrace.export.tables import write_tables
+    from hvtrace.export.timeline import write_timeline
     from hvtrace.format.read import find_trace_files
     from hvtrace.load import open_run, span_sources
 
@@ -228,7 +224,7 @@ def _print_or_json(
     """Print ``text``; with ``json_out`` also write the JSON document ``doc()`` there, never
     over one of ``inputs`` (``-``: the JSON alone, on stdout)."""
     if json_out:
-        from hvtrace.export.report import write_json_doc
+        from hvtrace.export.jsondoc import write_json_doc
 
         p = write_json_doc(doc(), json_out, inputs)
         if json_out == "-":

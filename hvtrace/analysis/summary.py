@@ -2,7 +2,8 @@
 
 Both return an :class:`Analysis` holding every table (pandas DataFrames, times in ns or ms as the
 column names say), the straggler verdicts and the findings. Nothing here prints or plots; see
-:mod:`hvtrace.export.report` for the terminal report and the JSON/CSV/Parquet outputs.
+:mod:`hvtrace.export.report` for the terminal report, :mod:`hvtrace.export.jsondoc` and
+:mod:`hvtrace.export.tables` for the JSON/CSV/Parquet outputs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import math
 from typing import Any
 
 from hvtrace.analysis.diff import MIN_REL_CHANGE, RunDiff
-from hvtrace.export.report import WIDTH, _clean, _records, wrap
+from hvtrace.export.jsondoc import _clean, _records
+from hvtrace.export.report import WIDTH, wrap
 from hvtrace.units import format_bytes, printable
 
 #: Tensors listed in the text (largest change first); the JSON has them all.

@@ -9,7 +9,8 @@ import math
 from typing import Any
 
 from hvtrace.analysis.scaling import LOSS_LABELS, LOSS_PARTS, Scaling
-from hvtrace.export.report import WIDTH, _clean, _records, wrap
+from hvtrace.export.jsondoc import _clean, _records
+from hvtrace.export.report import WIDTH, wrap
 from hvtrace.units import printable
 
 

@@ -19,7 +19,8 @@ import pytest
 from helpers import horovodrun_path, run_job, tail
 
 from hvtrace.analysis.summary import analyze
-from hvtrace.export.report import analysis_to_dict, format_report
+from hvtrace.export.jsondoc import analysis_to_dict
+from hvtrace.export.report import format_report
 from hvtrace.format.read import find_trace_files, read_rank_file
 from hvtrace.load import open_run
 

@@ -51,7 +51,7 @@ def test_horovod_timeline_is_merged_with_negotiation_transfer_and_arrival(tmp_pa
     assert 0 <= h["queue_ms"] < 20, h
 
     # the merged Perfetto timeline: a track per tensor under rank 0, with the transfer's parts
-    from hvtrace.export.report import write_timeline
+    from hvtrace.export.timeline import write_timeline
 
     pf = tmp_path / "t.pftrace"
     write_timeline(run, a, str(pf), None)

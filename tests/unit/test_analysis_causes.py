@@ -19,7 +19,7 @@ from hvtrace.analysis.findings import cause_line
 from hvtrace.analysis.steps import step_rows
 from hvtrace.analysis.stragglers import split_cause
 from hvtrace.analysis.summary import analyze
-from hvtrace.export.report import analysis_to_dict
+from hvtrace.export.jsondoc import analysis_to_dict
 from hvtrace.format.compact import compact_run
 from hvtrace.format.schema import KIND_CODE
 from hvtrace.load import load_run, open_run

@@ -12,7 +12,9 @@ from helpers import make_header, row, status, write_rank_file
 
 from hvtrace.analysis import analyze, analyze_spans
 from hvtrace.cli import main
-from hvtrace.export.report import analysis_to_dict, format_report, write_json, write_tables
+from hvtrace.export.jsondoc import analysis_to_dict, write_json
+from hvtrace.export.report import format_report
+from hvtrace.export.tables import write_tables
 from hvtrace.load import load_run
 from hvtrace.selection import StepRange
 

@@ -18,7 +18,8 @@ from helpers import make_header, write_rank_file
 
 from hvtrace.analysis import consistency
 from hvtrace.analysis.summary import analyze, analyze_spans
-from hvtrace.export.report import analysis_to_dict, format_report
+from hvtrace.export.jsondoc import analysis_to_dict
+from hvtrace.export.report import format_report
 from hvtrace.format.schema import FLAG_AGREE, KIND_CODE
 from hvtrace.load import open_run, span_sources
 from hvtrace.selection import StepRange

@@ -14,7 +14,8 @@ from helpers import synth_module
 
 from hvtrace.analysis import analyze, saved
 from hvtrace.cli import main
-from hvtrace.export.report import analysis_to_dict, format_report
+from hvtrace.export.jsondoc import analysis_to_dict
+from hvtrace.export.report import format_report
 from hvtrace.load import open_run
 
 

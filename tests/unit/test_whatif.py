@@ -12,7 +12,8 @@ from helpers import synth_module
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.analysis.whatif import cost, rank_costs, step_model, without_ranks
-from hvtrace.export.report import analysis_to_dict, format_report
+from hvtrace.export.jsondoc import analysis_to_dict
+from hvtrace.export.report import format_report
 from hvtrace.load import open_run
 
 MS = 1_000_000
