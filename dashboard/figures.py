@@ -60,6 +60,9 @@ MAX_HEATMAP_COLS = 500
 #: ``MIN_HEATMAP_COLS``), so that a 512-rank run sends and draws about as much as a 200-rank one.
 MAX_HEATMAP_CELLS = 100_000
 MIN_HEATMAP_COLS = 100
+#: Heat-map rows at most (the map is at most 720 px high): above, consecutive ranks share a row,
+#: which shows the worst of them (a straggler among many still stands out).
+MAX_HEATMAP_ROWS = 600
 
 
 def _template() -> go.layout.Template:
@@ -144,6 +147,7 @@ def heatmap_figure(
     max_cols: int = MAX_HEATMAP_COLS,
     colorscale: str = "YlOrRd",
     max_cells: int = MAX_HEATMAP_CELLS,
+    max_rows: int = MAX_HEATMAP_ROWS,
 ) -> go.Figure:
     """Return a rank x step heat map of ``values`` (index: rank, columns: step, cells: a number).
 
@@ -154,7 +158,9 @@ def heatmap_figure(
     colour range ignores the first step and the extreme cells (top 2 %, 0.5 % from 1,000 cells,
     at most half a row's worth with many ranks, so that one straggler of 512 still sets the top)
     so that one warm-up step or one hiccup does not wash out the rest; hover shows the true
-    value. ``highlight_ranks`` are marked on the y axis (their label is always a tick).
+    value. ``highlight_ranks`` are marked on the y axis (their label is always a tick). More
+    than ``max_rows`` ranks are binned too: consecutive ranks share a row showing the worst
+    (largest) of their cells, and its step on click (the title says so).
     """
     if values is None or values.empty or values.shape[1] == 0:
         return empty_figure("no per-step data to show")
@@ -163,7 +169,7 @@ def heatmap_figure(
     steps = np.asarray(values.columns, dtype=np.int64)
     z = values.to_numpy(dtype=np.float64)
     ncol = z.shape[1]
-    max_cols = min(max_cols, max(MIN_HEATMAP_COLS, max_cells // max(1, len(ranks))))
+    max_cols = min(max_cols, max(MIN_HEATMAP_COLS, max_cells // max(1, min(len(ranks), max_rows))))
     if ncol > max_cols:
         width = _bin_width(ncol, max_cols)
         zp = _bins(z, width, np.nan)
@@ -185,19 +191,33 @@ def heatmap_figure(
         custom = np.broadcast_to(steps, z.shape)
         xtitle = "step"
         where = "step %{x}"
+    hl = set(int(r) for r in highlight_ranks)
+    rows = [[r] for r in ranks]
+    if len(ranks) > max_rows:  # ranks binned: each row the worst of its ranks
+        rw = _bin_width(len(ranks), max_rows)
+        zt = _bins(np.ascontiguousarray(z.T), rw, np.nan)
+        ct = _bins(np.ascontiguousarray(np.broadcast_to(custom, z.shape).T), rw, -1)
+        pick = np.where(np.isnan(zt), -np.inf, zt).argmax(axis=2)[..., None]
+        z = np.take_along_axis(zt, pick, axis=2)[..., 0].T
+        custom = np.take_along_axis(ct, pick, axis=2)[..., 0].T
+        rows = [ranks[i : i + rw] for i in range(0, len(ranks), rw)]
+        title += f" · ranks binned: the worst of {rw} ranks per row"
     scale = z[:, 1:] if z.shape[1] > 2 else z
     finite = scale[np.isfinite(scale)]
     zmin = zmax = None
     if finite.size:
         # clip fewer extreme cells than half a row holds: one slow rank of many sets the top
-        q_hi = max(0.98 if finite.size < 1000 else 0.995, 1 - 0.5 / len(ranks))
+        q_hi = max(0.98 if finite.size < 1000 else 0.995, 1 - 0.5 / len(rows))
         lo, hi = np.quantile(finite, [0.005, q_hi]) if finite.size >= 50 else (None, None)
         zmin = float(lo) if lo is not None else float(finite.min())
         zmax = float(hi) if hi is not None else float(finite.max())
         if zmax <= zmin:
             zmax = zmin + 1e-9
-    hl = set(int(r) for r in highlight_ranks)
-    labels = [f"{lab} ◀" if r in hl else lab for r, lab in zip(ranks, rank_labels(ranks, hosts))]
+    if all(len(g) == 1 for g in rows):
+        base = rank_labels(ranks, hosts)
+    else:
+        base = [f"ranks {g[0]}–{g[-1]}" for g in rows]
+    labels = [f"{lab} ◀" if hl & set(g) else lab for g, lab in zip(rows, base)]
     fig = go.Figure(
         go.Heatmap(
             z=z.astype(np.float32),
@@ -216,12 +236,12 @@ def heatmap_figure(
             hoverongaps=False,
         )
     )
-    height = int(min(720, max(260, 110 + 16 * len(ranks))))
+    height = int(min(720, max(260, 110 + 16 * len(rows))))
     fig.update_layout(**_base_layout(title, height))
-    every = max(1, int(np.ceil(len(ranks) / 40)))
-    marked = {i for i, r in enumerate(ranks) if r in hl}
+    every = max(1, int(np.ceil(len(rows) / 40)))
+    marked = {i for i, g in enumerate(rows) if hl & set(g)}
     near = {j for i in marked for j in range(i - every // 2, i + every // 2 + 1)}  # no overlap
-    ticks = sorted({i for i in range(0, len(ranks), every) if i not in near} | marked)
+    ticks = sorted({i for i in range(0, len(rows), every) if i not in near} | marked)
     fig.update_yaxes(
         type="category",
         tickvals=[labels[i] for i in ticks],

@@ -134,6 +134,28 @@ def test_heatmap_of_many_ranks_one_straggler_sets_the_colour_top_and_is_labelled
     assert ticks[i - 1] == "rank 156" and ticks[i + 1] == "rank 182"  # neighbours kept apart
 
 
+def test_heatmap_of_more_ranks_than_rows_bins_them_and_the_straggler_row_stands_out():
+    """Past MAX_HEATMAP_ROWS ranks, consecutive ranks share a row showing the worst of them: one
+    slow rank among 2,000 still sets its row (and the colour top), is marked, and a click on its
+    row opens the slow step."""
+    rng = np.random.default_rng(3)
+    v = rng.uniform(1.4, 1.9, (2000, 60))
+    v[1234, 20:] = 21.0  # a straggler from step 20, worst at step 40
+    v[1234, 40] = 30.0
+    fig = figures.heatmap_figure(rank_step(v), "lateness", highlight_ranks=[1234])
+    hm = fig.data[0]
+    z = np.asarray(hm.z, dtype=float)
+    assert z.shape == (500, 60)  # 4 ranks a row
+    assert "the worst of 4 ranks per row" in fig.layout.title.text
+    row = 1234 // 4
+    assert hm.y[row] == "ranks 1232–1235 ◀" and "ranks 1232–1235 ◀" in fig.layout.yaxis.tickvals
+    assert z[row, 40] == pytest.approx(30.0) and np.nanargmax(z) == row * 60 + 40
+    assert np.asarray(hm.customdata)[row, 40] == 40
+    assert hm.zmax > 15
+    # the others show their worst, not their mean: every row's cell is its ranks' maximum
+    assert z[0, 0] == pytest.approx(v[0:4, 0].max(), rel=1e-6)
+
+
 def test_heatmap_empty_says_so():
     fig = figures.heatmap_figure(pd.DataFrame(), "x")
     assert not fig.data and "no per-step data" in fig.layout.annotations[0].text
