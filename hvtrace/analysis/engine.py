@@ -112,6 +112,8 @@ class GroupSummary:
     worker: str = ""  # the Dask worker that made it ("" for the local engine)
     #: partial per (step, name, occurrence) of the collectives outside the optimizer (None: none)
     outside: pd.DataFrame | None = None
+    #: per rank, the implausible spans :func:`plausible` left out or corrected
+    implausible: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 class Engine:
@@ -213,13 +215,16 @@ class Engine:
                 off, on = offsets, "s.rank = o.rank AND s.step = o.step"
             con.register("hv_offsets", off)
             registered.append("hv_offsets")
-            partial = f"""SELECT {_KEY_S}, count(*) AS n_spans, max(s.bytes) AS bytes,
+            partial = f"""SELECT {_KEY_S}, count(DISTINCT s.rank) AS n_spans,
+                       max(CASE WHEN s.bytes BETWEEN 0 AND {BYTES_LIMIT} THEN s.bytes ELSE 0 END)
+                       AS bytes,
                        any_value(s.dtype) AS dtype,
                        min(s.start_ns - coalesce(o.off_ns, 0)) AS first_start_ns,
                        max(s.start_ns - coalesce(o.off_ns, 0)) AS last_start_ns,
                        min(s.end_ns - coalesce(o.off_ns, 0)) AS end_ns
                 FROM {table} s LEFT JOIN hv_offsets o ON {on}
-                WHERE s.kind = 'allreduce' AND {where} GROUP BY {_KEY_S}"""
+                WHERE s.kind = 'allreduce' AND s.end_ns >= s.start_ns AND {where}
+                GROUP BY {_KEY_S}"""
             if accumulate:
                 self._accumulate(partial, params)
                 coll = None
@@ -229,7 +234,7 @@ class Engine:
                     sum(greatest(end_ns - start_ns, 0))::BIGINT AS dur_ns, count(*) AS count,
                     CASE WHEN count(cpu_ns) = count(*) THEN sum(cpu_ns) END::DOUBLE AS cpu_ns,
                     CASE WHEN count(runq_ns) = count(*) THEN sum(runq_ns) END::DOUBLE AS runq_ns
-                FROM {table} s WHERE kind = 'user'
+                FROM {table} s WHERE kind = 'user' AND end_ns >= start_ns
                 AND NOT starts_with(name, '{INTERNAL_PREFIX}') AND {where}
                 GROUP BY rank, step, name ORDER BY rank, step, name"""
             if rows.attrs.get("has_users", True):
@@ -255,7 +260,16 @@ class Engine:
             self._unregister(registered)
         rg_read = sum(s.row_groups_read for s in sources)
         rg_total = sum(s.row_groups_total for s in sources)
-        return GroupSummary(rows, users, coll, n_read, rg_read, rg_total, outside=outside)
+        return GroupSummary(
+            rows,
+            users,
+            coll,
+            n_read,
+            rg_read,
+            rg_total,
+            outside=outside,
+            implausible=dict(rows.attrs.get("implausible", {})),
+        )
 
     #: The collectives accumulator is merged once it holds more rows than this (and twice its
     #: size after the last merge).
@@ -353,7 +367,10 @@ def reduce_steps(
     cols: dict[str, Any], sources: Sequence[RankSource]
 ) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     """Stage 2 (numpy): :func:`~hvtrace.analysis.steps.step_rows` of the fetched columns, moved
-    onto rank 0's clock. Returns ``(rows, offsets, spans_read)``."""
+    onto rank 0's clock. Returns ``(rows, offsets, spans_read)``; implausible spans are left
+    out or corrected first (:func:`plausible`), their counts in ``rows.attrs["implausible"]``."""
+    n_read = len(cols["k"])
+    cols, implausible = plausible(cols)
     rows = step_rows(
         np.asarray(cols["rank"]),
         np.asarray(cols["step"]),
@@ -369,7 +386,66 @@ def reduce_steps(
     # whether the group has user spans and collectives at all (else stage 3 skips their query)
     rows.attrs["has_users"] = bool((np.asarray(cols["k"]) == KINDS.index("user")).any())
     rows.attrs["has_collectives"] = bool((np.asarray(cols["k"]) == KINDS.index("collective")).any())
-    return rows, offsets, len(cols["k"])
+    rows.attrs["implausible"] = implausible
+    return rows, offsets, n_read
+
+
+#: No tensor is this big (1 PiB): a byte count past it (or below 0) is damage, counted unknown.
+BYTES_LIMIT = 1 << 50
+#: What :func:`plausible` counts, with the words a problem line uses.
+IMPLAUSIBLE = {
+    "end_before_start": "spans end before they start: left out of the figures",
+    "duplicates": "duplicate spans (a step recorded twice: more than one step span): counted once",
+    "bytes": "spans carry an impossible byte count (< 0 or > 1 PiB): counted as unknown (0)",
+}
+
+
+def plausible(cols: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, int]]]:
+    """Fetched span columns without what a recorder cannot have written: spans that end before
+    they start (left out), exact duplicates in a (rank, step) with more than one step span (a
+    step written twice: one copy kept), byte counts below 0 or past :data:`BYTES_LIMIT` (0, as
+    unknown). Returns the columns and, per rank, how many of each (:data:`IMPLAUSIBLE`; empty
+    when none: the usual case costs two comparisons and one count per span)."""
+    rank = np.asarray(cols["rank"])
+    start = np.asarray(cols["start_ns"])
+    end = np.asarray(cols["end_ns"])
+    nbytes = np.asarray(cols["bytes"])
+    k = np.asarray(cols["k"])
+    counts: dict[int, dict[str, int]] = {}
+
+    def count(what: str, where: np.ndarray) -> None:
+        for r, n in zip(*np.unique(rank[where], return_counts=True), strict=True):
+            counts.setdefault(int(r), {})[what] = int(n)
+
+    drop = end < start
+    if drop.any():
+        count("end_before_start", drop)
+    is_step = np.flatnonzero((k == KINDS.index("step")) & ~drop)
+    if len(is_step):
+        step = np.asarray(cols["step"])
+        cell = rank[is_step].astype(np.int64) * (1 << 32) + step[is_step].astype(np.int64)
+        uniq, n = np.unique(cell, return_counts=True)
+        if (n > 1).any():
+            twice = uniq[n > 1]
+            all_cells = rank.astype(np.int64) * (1 << 32) + step.astype(np.int64)
+            idx = np.flatnonzero(np.isin(all_cells, twice) & ~drop)
+            key = np.column_stack([all_cells[idx], k[idx], start[idx], end[idx], nbytes[idx]])
+            _, first = np.unique(key, axis=0, return_index=True)
+            dup = np.ones(len(idx), bool)
+            dup[first] = False
+            if dup.any():
+                extra = np.zeros(len(rank), bool)
+                extra[idx[dup]] = True
+                count("duplicates", extra)
+                drop = drop | extra
+    bad_bytes = ((nbytes < 0) | (nbytes > BYTES_LIMIT)) & ~drop
+    if bad_bytes.any():
+        count("bytes", bad_bytes)
+        cols = dict(cols, bytes=np.where(bad_bytes, 0, nbytes))
+    if drop.any():
+        keep = ~drop
+        cols = {c: (np.asarray(v)[keep] if v is not None else None) for c, v in cols.items()}
+    return cols, counts
 
 
 def _nan_floats(col: Any) -> np.ndarray | None:
@@ -461,6 +537,8 @@ class Summaries:
     #: Collectives outside the optimizer, per (step, name, occurrence), every rank's partials
     #: combined (:func:`hvtrace.analysis.outside.merge_partials`).
     outside: pd.DataFrame = field(default_factory=lambda: merge_partials([]))
+    #: Per rank, the implausible spans left out or corrected (:func:`plausible`).
+    implausible: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def before(self, stop: int) -> Summaries:
         """The summaries of steps ``< stop`` only (every table is per step)."""
@@ -470,6 +548,7 @@ class Summaries:
             self.collectives[self.collectives["step"] < stop].reset_index(drop=True),
             engine=dict(self.engine),
             outside=self.outside[self.outside["step"] < stop].reset_index(drop=True),
+            implausible=_merge_counts([self.implausible]),
         )
 
     def then(self, later: Summaries) -> Summaries:
@@ -489,7 +568,32 @@ class Summaries:
             later.row_groups_total,
             engine=dict(later.engine),
             outside=cat(self.outside, later.outside),
+            # a later pass reads again steps the earlier one had counted: at least the larger
+            implausible=_max_counts(self.implausible, later.implausible),
         )
+
+
+def _max_counts(
+    a: dict[int, dict[str, int]], b: dict[int, dict[str, int]]
+) -> dict[int, dict[str, int]]:
+    """Per-rank counts, the larger of ``a``'s and ``b``'s."""
+    out = _merge_counts([a])
+    for r, c in b.items():
+        mine = out.setdefault(int(r), {})
+        for what, n in c.items():
+            mine[what] = max(mine.get(what, 0), int(n))
+    return out
+
+
+def _merge_counts(parts: Iterable[dict[int, dict[str, int]]]) -> dict[int, dict[str, int]]:
+    """Per-rank counts of several groups (or runs of steps), summed."""
+    out: dict[int, dict[str, int]] = {}
+    for part in parts:
+        for r, c in part.items():
+            mine = out.setdefault(int(r), {})
+            for what, n in c.items():
+                mine[what] = mine.get(what, 0) + int(n)
+    return out
 
 
 def cross_rank(
@@ -518,6 +622,7 @@ def cross_rank(
         sum(p.row_groups_read for p in parts),
         sum(p.row_groups_total for p in parts),
         outside=merge_partials([p.outside for p in parts]),
+        implausible=_merge_counts(p.implausible for p in parts),
     )
 
 

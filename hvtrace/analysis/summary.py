@@ -50,6 +50,19 @@ from hvtrace.analysis.whatif import add_costs, step_model, whatif_summary
 from hvtrace.selection import StepRange
 
 
+def implausible_problems(counts: dict[int, dict[str, int]]) -> list[str]:
+    """One problem line per rank and kind of implausible span the engine left out or corrected
+    (:func:`hvtrace.analysis.engine.plausible`)."""
+    from hvtrace.analysis.engine import IMPLAUSIBLE
+
+    return [
+        f"rank {r}: {counts[r][what]} {words}"
+        for r in sorted(counts)
+        for what, words in IMPLAUSIBLE.items()
+        if counts[r].get(what)
+    ]
+
+
 def analyze_tables(
     st: pd.DataFrame,
     users: pd.DataFrame,
@@ -343,7 +356,7 @@ def analyze(
         a.comm.get("busbw_gbps", float("nan")),
         dict(zip(cont["host"], cont["work_share"].astype(float))),
     )
-    a.problems = list(run.problems) + salvaged
+    a.problems = list(run.problems) + salvaged + implausible_problems(summ.implausible)
     if a.consistency.get("error"):
         a.problems.append(f"consistency checks not read: {a.consistency['error']}")
     if a.batches.get("error"):
