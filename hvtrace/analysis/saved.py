@@ -6,9 +6,9 @@ finished run in the user's cache, and the dashboard reads it back instead of ana
 and the server holds only what the page shows (:func:`load_analysis` with ``steps_columns``).
 
 An entry is keyed by everything the analysis depends on: the run's files (real path, size,
-modification time), hvtrace's code (each module's size and modification time, so that an edited
-checkout never reads an older analysis), and the options. A run still being written is never
-saved. Where: ``$HVTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hvtrace/analyses``, else
+modification time), hvtrace's analysis code (each module's size and modification time, so that
+an edited checkout never reads an older analysis), and the options. A run still being written
+is never saved. Where: ``$HVTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hvtrace/analyses``, else
 ``~/.cache/hvtrace/analyses``; ``HVTRACE_CACHE=0`` turns it off. The directory is created
 ``0700``; an entry is read only when it and its files belong to this user and nobody else can
 write them (the entry holds a pickle: it is trusted as the user's own file), and is written to
@@ -60,11 +60,18 @@ def cache_root() -> Path | None:
     return base / "hvtrace" / "analyses"
 
 
+#: hvtrace's packages that no analysis runs (an edit there changes no saved analysis).
+_NOT_ANALYSIS = ("record", "export", "examples")
+
+
 def _code_fingerprint() -> list[Any]:
-    """hvtrace's modules (name, size, modification time): an edited checkout is other code."""
+    """The modules the analysis runs (name, size, modification time): an edited checkout is
+    other code; the recorder, the renderers and the examples are left out."""
     root = Path(__file__).resolve().parents[1]
     out: list[Any] = []
     for p in sorted(root.rglob("*.py")):
+        if p.relative_to(root).parts[0] in _NOT_ANALYSIS:
+            continue
         try:
             st = p.stat()
         except OSError:
