@@ -749,15 +749,68 @@ def _check_can_listen(host: str, port: int) -> None:
             raise TraceError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def saved_or_analyzed(run: Run) -> Any:
+    """The analysis of a finished ``run`` with the default options: its saved one
+    (:mod:`hvtrace.analysis.saved`), else made here and kept."""
+    from hvtrace.analysis import analyze, saved
+
+    key = saved.default_key(run)
+    a = saved.load_analysis(key)
+    if a is None:
+        a = analyze(run)
+        saved.save_analysis(a, key)
+    return a
+
+
+def serve_compare(
+    run_a: str | Path, run_b: str | Path, host: str, port: int, verbose: bool = False
+) -> int:
+    """Serve the compare page of two runs (:mod:`hvtrace_dashboard.compare`) until Ctrl-C."""
+    from hvtrace_dashboard.compare import create_compare_app
+
+    from hvtrace.analysis.diff import diff_runs
+    from hvtrace.load import open_run
+
+    t0 = time.perf_counter()
+    analyses = []
+    for label, d in (("A", run_a), ("B", run_b)):
+        if not Path(d).exists():
+            raise TraceError(f"{d}: no such directory")
+        run = open_run(d)
+        print(printable(f"hvtrace dashboard: run {label}: {run.run_id} ({d}) ..."), flush=True)
+        for msg in run.problems:
+            log.warning("%s", msg)
+        analyses.append(saved_or_analyzed(run))
+    app = create_compare_app(diff_runs(*analyses))
+    url = f"http://{host}:{port}/"
+    print(
+        printable(
+            f"hvtrace dashboard: {run_a} vs {run_b} ready in {time.perf_counter() - t0:.1f} s "
+            f"on {url}  (Ctrl-C to stop)"
+        ),
+        flush=True,
+    )
+    if not verbose:
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        logging.getLogger("dash.dash").setLevel(logging.WARNING)
+    try:
+        app.run(host=host, port=port, debug=False, dev_tools_ui=False)
+    except OSError as exc:
+        raise TraceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    return 0
+
+
 def serve(
     run_dir: str | Path | None,
     host: str = "127.0.0.1",
     port: int = 8050,
     run_id: str | None = None,
     verbose: bool = False,
+    compare: str | Path | None = None,
 ) -> int:
     """Open and analyze the run (no ``run_dir``: the built-in sample), then serve it until
-    Ctrl-C. The run is analyzed on the engine (its spans are never loaded as one table), so a run
+    Ctrl-C (``compare``: another run, served side by side with it: :func:`serve_compare`).
+    The run is analyzed on the engine (its spans are never loaded as one table), so a run
     of any size opens. A run still being written (a rank's stream open and growing) is followed:
     the page refreshes as the files grow (:mod:`hvtrace_dashboard.live`); with no complete step
     yet, the command waits for the first one. Errors in the input or the address raise
@@ -776,6 +829,8 @@ def serve(
             "every interface" if host in ("0.0.0.0", "::", "") else host,
             port,
         )
+    if compare is not None:
+        return serve_compare(run_dir, compare, host, port, verbose)
     t0 = time.perf_counter()
     from hvtrace_dashboard.live import POLL_S, LiveFeed
 

@@ -320,7 +320,14 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
             f"the dashboard needs Dash and plotly ({exc}); install them with "
             "pip install 'hvtrace[dashboard]'"
         ) from None
-    return serve(args.run_dir, args.host, args.port, run_id=args.run_id, verbose=args.verbose)
+    return serve(
+        args.run_dir,
+        args.host,
+        args.port,
+        run_id=args.run_id,
+        verbose=args.verbose,
+        compare=args.compare,
+    )
 
 
 def _step_range(text: str) -> StepRange:
@@ -552,6 +559,12 @@ def _add_dashboard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-id", default=None, help="run to read when the directory holds several")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050)")
+    p.add_argument(
+        "--compare",
+        metavar="RUN_B",
+        default=None,
+        help="serve RUN_DIR (A) and RUN_B side by side: what changed and where (as hvtrace diff)",
+    )
     p.set_defaults(func=_cmd_dashboard)
 
 

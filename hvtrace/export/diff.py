@@ -39,25 +39,13 @@ def format_diff(d: RunDiff, width: int = WIDTH) -> str:
     for n in d.notes:
         L += wrap("note: " + n, width)
     s = d.step
-    lo, hi = s["ci_ms"]
+    head = headline(d)
     if not math.isfinite(s["delta_ms"]):
-        L += ["", "step time: no analyzed steps in one of the runs"]
+        L += ["", *head]
         return "\n".join(L)
-    head = (
-        f"step time (median): {_ms(s['median_a_ms'])} -> {_ms(s['median_b_ms'])} ms, "
-        f"{_ms(s['delta_ms'], True)} ms ({s['rel']:+.1%}; 95% interval {_ms(lo, True)} .. "
-        f"{_ms(hi, True)} ms; {s['steps_a']} and {s['steps_b']} steps)"
-    )
-    L += ["", *wrap(head, width)]
-    if s["significant"]:
-        L += wrap(f"{'slower' if s['delta_ms'] > 0 else 'faster'}: a significant change", width)
-    else:
-        why = (
-            f"under {MIN_REL_CHANGE:.0%} of A's step"
-            if lo > 0 or hi < 0
-            else "its interval includes zero"
-        )
-        L += wrap(f"no significant change ({why})", width)
+    L += [""]
+    for h in head:
+        L += wrap(h, width)
 
     L += ["", "Where it went (mean ms per rank and step; the changes add up to the total)"]
     L.append(f"{'part':<12}{'A':>9}{'B':>9}{'change':>9}  {'95% interval':<19}{'share':>7}")
@@ -87,37 +75,12 @@ def format_diff(d: RunDiff, width: int = WIDTH) -> str:
             )
 
     L += ["", "Stragglers"]
-    if d.ranks.empty:
-        L.append("none named in either run")
-    for r in d.ranks.itertuples():
-        if r.status == "new":
-            text = f"rank {r.rank} became a straggler in B: {r.phase_b}"
-            text += f", {r.cause_b}" if r.cause_b else ""
-            text += f", {_ms(r.late_b_ms)} ms late"
-        elif r.status == "gone":
-            text = f"rank {r.rank} is no longer a straggler (in A: {r.phase_a}"
-            text += f", {r.cause_a}" if r.cause_a else ""
-            text += f", {_ms(r.late_a_ms)} ms late)"
-        else:
-            text = (
-                f"rank {r.rank} is a straggler in both: {r.phase_a} -> {r.phase_b}, "
-                f"{_ms(r.late_a_ms)} -> {_ms(r.late_b_ms)} ms late"
-            )
+    for text in straggler_lines(d):
         L += wrap(text, width)
 
     L += ["", "Communication (run medians)"]
-    names = {
-        "exposed_ms": ("exposed allreduce ms", _ms),
-        "exposed_share": ("exposed share of step", _pct),
-        "comm_compute_ratio": ("comm/compute", _ratio),
-        "overlap": ("hidden under compute", _pct),
-        "busbw_gbps": ("bus bandwidth GB/s", _ratio),
-        "bytes_per_step": ("bytes per step", _bytes),
-        "tensors_per_step": ("tensors per step", _ratio),
-    }
-    for k, (va, vb) in d.comm.items():
-        label, f = names[k]
-        L.append(f"{label:<24}{f(va):>12}{f(vb):>12}")
+    for label, va, vb in comm_rows(d):
+        L.append(f"{label:<24}{va:>12}{vb:>12}")
 
     t = d.tensors
     if len(t):
@@ -138,9 +101,83 @@ def format_diff(d: RunDiff, width: int = WIDTH) -> str:
         L.append(f"the same in both runs ({d.config_same} settings recorded)")
     else:
         L.append(f"{len(d.config)} differ ({d.config_same} the same):")
-        for k, va, vb in d.config:
-            L += wrap(f"{printable(k)}: {_val(va)} -> {_val(vb)}", width, first="  ", rest="    ")
+        for k, va, vb in config_rows(d):
+            L += wrap(f"{k}: {va} -> {vb}", width, first="  ", rest="    ")
     return "\n".join(L)
+
+
+def headline(d: RunDiff) -> list[str]:
+    """The step time's change, its interval and whether it is significant (one or two
+    sentences)."""
+    s = d.step
+    lo, hi = s["ci_ms"]
+    if not math.isfinite(s["delta_ms"]):
+        return ["step time: no analyzed steps in one of the runs"]
+    out = [
+        f"step time (median): {_ms(s['median_a_ms'])} -> {_ms(s['median_b_ms'])} ms, "
+        f"{_ms(s['delta_ms'], True)} ms ({s['rel']:+.1%}; 95% interval {_ms(lo, True)} .. "
+        f"{_ms(hi, True)} ms; {s['steps_a']} and {s['steps_b']} steps)"
+    ]
+    if s["significant"]:
+        out.append(f"{'slower' if s['delta_ms'] > 0 else 'faster'}: a significant change")
+    else:
+        why = (
+            f"under {MIN_REL_CHANGE:.0%} of A's step"
+            if lo > 0 or hi < 0
+            else "its interval includes zero"
+        )
+        out.append(f"no significant change ({why})")
+    return out
+
+
+def straggler_lines(d: RunDiff) -> list[str]:
+    """One sentence per rank that is a straggler in either run."""
+    if d.ranks.empty:
+        return ["none named in either run"]
+    out = []
+    for r in d.ranks.itertuples():
+        if r.status == "new":
+            text = f"rank {r.rank} became a straggler in B: {r.phase_b}"
+            text += f", {r.cause_b}" if r.cause_b else ""
+            text += f", {_ms(r.late_b_ms)} ms late"
+        elif r.status == "gone":
+            text = f"rank {r.rank} is no longer a straggler (in A: {r.phase_a}"
+            text += f", {r.cause_a}" if r.cause_a else ""
+            text += f", {_ms(r.late_a_ms)} ms late)"
+        else:
+            text = (
+                f"rank {r.rank} is a straggler in both: {r.phase_a} -> {r.phase_b}, "
+                f"{_ms(r.late_a_ms)} -> {_ms(r.late_b_ms)} ms late"
+            )
+        out.append(text)
+    return out
+
+
+#: The run-level communication figures, with their label and format.
+_COMM = {
+    "exposed_ms": ("exposed allreduce ms", "ms"),
+    "exposed_share": ("exposed share of step", "pct"),
+    "comm_compute_ratio": ("comm/compute", "ratio"),
+    "overlap": ("hidden under compute", "pct"),
+    "busbw_gbps": ("bus bandwidth GB/s", "ratio"),
+    "bytes_per_step": ("bytes per step", "bytes"),
+    "tensors_per_step": ("tensors per step", "ratio"),
+}
+
+
+def comm_rows(d: RunDiff) -> list[tuple[str, str, str]]:
+    """(label, A, B) of each run-level communication figure, formatted."""
+    fmt = {"ms": _ms, "pct": _pct, "ratio": _ratio, "bytes": _bytes}
+    out = []
+    for k, (va, vb) in d.comm.items():
+        label, kind = _COMM[k]
+        out.append((label, fmt[kind](va), fmt[kind](vb)))
+    return out
+
+
+def config_rows(d: RunDiff) -> list[tuple[str, str, str]]:
+    """(setting, A, B) of each recorded setting that differs, as text."""
+    return [(printable(k), _val(va), _val(vb)) for k, va, vb in d.config]
 
 
 def _pct(x: Any) -> str:
