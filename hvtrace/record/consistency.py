@@ -56,6 +56,7 @@ from hvtrace.format.schema import (
     LR_PREFIX,
     PARAM_PREFIX,
 )
+from hvtrace.record.hot import LrRows
 from hvtrace.record.timers import monotonic_ns
 
 log = logging.getLogger("hvtrace")
@@ -102,7 +103,7 @@ def fingerprint_device(tensors: list[Any]) -> Any:
     return torch.stack(out)
 
 
-class ConsistencyChecks:
+class ConsistencyChecks(LrRows):
     """Records the consistency rows of one traced optimizer (see the module doc).
 
     ``tracer``: the :class:`hvtrace.record.optimizer.Tracer`; ``every``: steps between parameter
@@ -125,39 +126,7 @@ class ConsistencyChecks:
         self.checks = 0
         self._warned: set[str] = set()
 
-    # -- per step (hot path: one float and one row per param group) ----------------------------
-    def on_step(self, step: int) -> None:
-        """Record the learning rates of step ``step`` and, every ``every`` steps, the parameters'
-        fingerprints (before the update). Never raises: a failure disables tracing.
-
-        The learning-rate rows join the step's spans (``tracer.rows``), which the tracer hands to
-        the recorder at the step's end: one list append per param group here, no call. The
-        compiled step (``hvtrace.record._hot.Phases.c_step``) writes the same rows itself, without
-        calling this, on steps where that is all there is to do (every learning rate a float, no
-        fingerprints due or pending, no new param group): it reads ``every``, ``pending``,
-        ``groups``, ``_n_groups`` and ``_lr_names``, which keep their meaning."""
-        rec = self.rec
-        if not rec.enabled:
-            return
-        try:
-            groups = self.groups
-            if len(groups) != self._n_groups:
-                self._refresh()
-            t = monotonic_ns()
-            rows, micro = self.tracer.rows, rec.micro  # handed over with the step's spans
-            for name, g in zip(self._lr_names, groups):
-                lr = g.get("lr")
-                if lr.__class__ is not float:
-                    lr = None if lr is None else self._number(lr)
-                    if lr is None:
-                        continue
-                rows.append((step, micro, _K_SCALAR, name, t, t, 0, 0, lr, 0))
-            if self.pending:
-                self.collect()
-            if self.every and step % self.every == 0:
-                self.check_params(step)
-        except Exception as exc:  # noqa: BLE001 - never into training
-            self.tracer.fail(f"consistency check: {type(exc).__name__}: {exc}")
+    # -- per step: on_step (the learning-rate rows, hot path) is in hvtrace.record.hot.LrRows ------
 
     def _number(self, lr: Any) -> float | None:
         """A learning rate that is not a float: an int, or a one-element tensor (a CUDA one is

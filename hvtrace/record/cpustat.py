@@ -19,10 +19,11 @@ A *reading* is taken at each phase boundary on the hot path and is one of:
 - ``(cpu_ns, schedstat_bytes)``: the thread's CPU clock (``clock_gettime`` of its
   ``pthread_getcpuclockid``) and the raw line of ``/proc/self/task/TID/schedstat`` (CPU time, run
   queue wait and timeslices), read with ``pread`` from a file kept open (one compiled call,
-  ``hvtrace.record._hot.ThreadReader``, where it is built; else a closure). The line is parsed
-  later, by the writer thread (:func:`deltas`), never on the hot path. Its first field is not used:
-  the kernel updates it only at scheduler ticks and context switches while the thread runs, so it
-  lags by up to a tick; the CPU clock is exact. The run queue wait (second field) is current: it
+  ``hvtrace.record._hot.ThreadReader``, where it is built; else a closure, its Python twin
+  :func:`hvtrace.record.hot.schedstat_reader`). The line is parsed later, by the writer thread
+  (:func:`deltas`), never on the hot path. Its first field is not used: the kernel updates it
+  only at scheduler ticks and context switches while the thread runs, so it lags by up to a
+  tick; the CPU clock is exact. The run queue wait (second field) is current: it
   only grows while the thread is not running, and is added up when the thread is switched in.
 
   The line is re-read only when it can have changed by more than :data:`RUNQ_SLACK_NS`: the run
@@ -72,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from hvtrace.record.hot import schedstat_reader
 from hvtrace.record.native import hot_module
 
 #: Per-thread scheduler counters: ``cpu_ns runq_ns timeslices``.
@@ -187,26 +189,15 @@ def _schedstat_reader(
 
     The compiled form (``hvtrace.record._hot.ThreadReader``, one call instead of three Python
     calls around the system call) where it is built, ``$HVTRACE_NATIVE`` is on and ``clock_id``
-    (the CPU clock's id) is given; else this closure, which does the same but the switch check.
+    (the CPU clock's id) is given; else its Python twin's closure
+    (:func:`hvtrace.record.hot.schedstat_reader`), which does the same but the switch check.
     ``switch_check``: ``(native thread id, thread ident, max derived ns)`` of the thread counted,
     for the compiled form's switch check (opened where Linux allows; see the module)."""
     hot = hot_module() if clock_id is not None else None
     if hot is not None:
         tid, ident, max_ns = switch_check or (0, 0, 0)
         return hot.ThreadReader(clock_id, fd, slack_ns, tid, ident, max_ns)
-    pread, mono = os.pread, time.monotonic_ns
-    # at the last pread: wall time minus CPU time (grows only while off a CPU), and the line
-    off_cpu, raw = mono() - clock(), pread(fd, 64, 0)
-
-    def read() -> tuple[int, bytes]:
-        nonlocal off_cpu, raw
-        t = mono()
-        c = clock()
-        if t - c - off_cpu > slack_ns:
-            off_cpu, raw = t - c, pread(fd, 64, 0)
-        return c, raw
-
-    return read
+    return schedstat_reader(clock, fd, slack_ns)
 
 
 def runq_ns(raw: bytes) -> int:

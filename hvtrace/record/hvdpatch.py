@@ -9,14 +9,16 @@ the host clock also under the CUDA timer, since what is noted is when the host s
 return (an event recorded there would fire only when the stream reached it, later where the
 device is behind, and would cost a record per tensor). Where
 :mod:`hvtrace.record._hot` is built (and ``$HVTRACE_NATIVE`` is on when the first tracer starts)
-the wrapper is its ``HandleWait``, which does the same in one compiled call.
+the wrapper is its ``HandleWait``, which does the same in one compiled call; else its Python
+twin, :func:`hvtrace.record.hot.handle_wait`.
 """
 
 from __future__ import annotations
 
-from time import monotonic_ns
+import sys
 from typing import Any
 
+from hvtrace.record.hot import handle_wait
 from hvtrace.record.native import hot_module
 
 #: The traced optimizer's tracer while it is inside its own ``synchronize()``, else None. (Not a
@@ -38,20 +40,10 @@ def patch_module_synchronize() -> None:
 
 def wrap(orig: Any) -> Any:
     """Horovod's ``orig`` (``synchronize(handle)``), noting when each wait returns: the compiled
-    wrapper where :func:`~hvtrace.record.native.hot_module` has it, else the closure (the same)."""
+    wrapper where :func:`~hvtrace.record.native.hot_module` has it, else its Python twin's closure
+    (:func:`hvtrace.record.hot.handle_wait`, reading this module's :data:`observer`): the same."""
     hot = hot_module()
     if hot is not None:
         return hot.HandleWait(orig)
 
-    def synchronize(handle: Any) -> Any:
-        out = orig(handle)
-        obs = observer
-        if obs is not None:
-            try:
-                obs.done.append((handle, monotonic_ns()))
-            except Exception as exc:  # noqa: BLE001 - never into training
-                obs.fail(exc)
-        return out
-
-    synchronize.__wrapped__ = orig  # type: ignore[attr-defined]
-    return synchronize
+    return handle_wait(orig, sys.modules[__name__])

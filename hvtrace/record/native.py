@@ -3,7 +3,9 @@
 An optional extension (pyproject.toml): the per-allreduce wrapper, Horovod's poll called
 directly, the counter reading, and the per-step hooks (``Phases``, the base class of the tracer:
 its per-step state as C fields, which the Python forms read and write as attributes). Where it
-is missing, or ``$HVTRACE_NATIVE`` is off, the pure-Python forms run and record the same.
+is missing, or ``$HVTRACE_NATIVE`` is off, the pure-Python forms run and record the same: they
+are in :mod:`hvtrace.record.hot`, part by part beside the C parts (``hvtrace/record/_hot/``),
+with the tracer's base class (``hot.PhasesBase``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,3 @@ def hot_module() -> Any:
     """:mod:`hvtrace.record._hot` where it was built and ``$HVTRACE_NATIVE`` is on, else None
     (the pure-Python forms then run: the same records)."""
     return _hot if _hot is not None and settings.native_hot_path() else None
-
-
-#: The tracer's base class: :class:`hvtrace.record._hot.Phases` where it was built (whether or not
-#: ``$HVTRACE_NATIVE`` is on: it holds the per-step state either way), else a plain class.
-PhasesBase: type = _hot.Phases if _hot is not None else object

@@ -36,41 +36,35 @@ user's code pass through unchanged.
 
 The set-up is elsewhere: the options, Horovod's internals, the timer, the header and the recorder
 in :mod:`hvtrace.record.opening`, the clock handshake in :mod:`hvtrace.record.clocksync`, the
-membership under Elastic Horovod in :mod:`hvtrace.record.elastic`. :class:`Tracer` assigns its
-state, installs its wrappers, and then has the hot path in one block (per allreduce, per phase
-boundary, per step), followed by what runs off it.
+membership under Elastic Horovod in :mod:`hvtrace.record.elastic`. The hot path itself (per
+allreduce, per phase boundary, per step) is in :mod:`hvtrace.record.hot` (the Python forms, the
+base class :class:`~hvtrace.record.hot.TracerHooks`) beside its compiled twin
+(``hvtrace/record/_hot.c`` and its parts), part by part. :class:`Tracer` has its lifecycle
+together (set-up, start, finish), then what its hooks call off the hot path.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from hvtrace import settings
 from hvtrace.format.schema import DTYPE_CODE, FLAG_END_UPPER_BOUND, KIND_CODE, dtype_name
-from hvtrace.record import collectives, consistency, elastic, hvdpatch, torchpatch
+from hvtrace.record import collectives, consistency, elastic, hot, hvdpatch, torchpatch
 from hvtrace.record import recorder as _recmod
 from hvtrace.record.clocksync import better_estimate, handshake, sync_clocks  # noqa: F401
-from hvtrace.record.native import PhasesBase, _hot, hot_module
+from hvtrace.record.hot import TracerHooks
+from hvtrace.record.native import hot_module
 from hvtrace.record.opening import Recording, open_recording, trace_options
-from hvtrace.record.rows import Allreduces, handle_of
+from hvtrace.record.rows import handle_of
 from hvtrace.record.timers import monotonic_ns
 
 log = logging.getLogger("hvtrace")
 
-K_STEP = KIND_CODE["step"]
-K_INPUT = KIND_CODE["input"]
-K_FORWARD = KIND_CODE["forward"]
-K_BACKWARD = KIND_CODE["backward"]
-K_COMPUTE = KIND_CODE["compute"]
-K_WAIT = KIND_CODE["wait"]
-K_UPDATE = KIND_CODE["update"]
 K_USER = KIND_CODE["user"]
-_NAN = math.nan
 _SEQ = (list, tuple)  # a tuple of types: isinstance() with it is cheaper than with list | tuple
 #: Tracers set up in this process so far (past the set-up collective: the same count on every
 #: rank); live detection's collectives carry the number.
@@ -80,8 +74,8 @@ _SETUPS = itertools.count()
 CLOCK_RESYNC_FIRST = 1000
 CLOCK_RESYNC_EVERY = 5000
 
-if _hot is not None:  # what the compiled per-step hooks (Phases) need from hvtrace's modules
-    _hot.configure(KIND_CODE, Allreduces, hvdpatch, CLOCK_RESYNC_FIRST, CLOCK_RESYNC_EVERY)
+# what the per-step hooks, both forms, need from hvtrace's modules (hvtrace.record.hot)
+hot.configure(hvdpatch, CLOCK_RESYNC_FIRST, CLOCK_RESYNC_EVERY)
 
 
 def tracing_enabled() -> bool:
@@ -263,19 +257,37 @@ def finish(sync_clock: bool = True) -> None:
         tr.finish(sync_clock=sync_clock)
 
 
-class Tracer(PhasesBase):
+class Tracer(TracerHooks):
     """Attaches a :class:`~hvtrace.record.recorder.Recorder` to one Horovod distributed optimizer
     instance (set up by :func:`~hvtrace.record.opening.open_recording`).
 
-    Per step it keeps the timer tokens and counter readings of the phase boundaries (``*_start``
-    / ``*_cpu``), the step's spans so far (``rows``), and the allreduces of the current
-    ``synchronize()`` (``enqueued``, ``done``): C fields of its base class
-    (:class:`hvtrace.record._hot.Phases`) where that was built, which also has the compiled forms
-    of the per-step hooks (``c_fwd_pre``, ``c_fwd_post``, ``c_synchronize``, ``c_step``: the same
-    steps on the same fields as ``_fwd_pre``, ``_fwd_post``, ``_synchronize``, ``_step`` below);
-    they are installed unless ``$HVTRACE_NATIVE`` is off.
+    Its hot path is its base classes': the per-step state (the fields
+    :data:`hvtrace.record.hot.PHASES_FIELDS`: the timer tokens and counter readings of the phase
+    boundaries, the step's spans so far, the allreduces of the current ``synchronize()``) and the
+    per-step hooks, compiled (:class:`hvtrace.record._hot.Phases`, where built: ``c_fwd_pre``,
+    ``c_fwd_post``, ``c_synchronize``, ``c_step``) and in Python
+    (:class:`hvtrace.record.hot.TracerHooks`: ``_fwd_pre``, ``_fwd_post``, ``_synchronize``,
+    ``_step``, the enqueue wrapper), the same steps on the same fields; the compiled ones are
+    installed unless ``$HVTRACE_NATIVE`` is off. Here: its lifecycle, then what the hooks call.
+
+    Lifecycle, in the order of the methods below:
+
+    1. built by :func:`trace_optimizer` (after the clock handshake and the set-up collective):
+       :meth:`__init__` assigns the per-step state from what ``open_recording`` set up, and
+       :meth:`_install` wraps Horovod's optimizer (enqueue, ``synchronize``, ``step``, the module's
+       ``synchronize(handle)``), its collectives and the model's forward, with the hooks
+       :meth:`hooks` picks;
+    2. started by :func:`trace_optimizer`: Horovod's timeline (:meth:`start_horovod_timeline`),
+       live detection (``live``) and the consistency checks (``checks``);
+    3. each step, the hooks; they call :meth:`fail` (an error of hvtrace's: tracing off, training
+       goes on), :meth:`_learn` (an allreduce's first time) and :meth:`resync_clock` (the
+       scheduled clock collective); an elastic reset calls :meth:`drop_partial_step`;
+    4. :meth:`finish` (``hvtrace.finish()``): the last clock estimate, then Horovod's timeline
+       stopped, the hooks removed, the checks closed, the last spans flushed, live detection and
+       the recorder closed. Without it the recorder closes the file at exit.
     """
 
+    # -- 1. set-up: state, wrappers, hooks ---------------------------------------------------------
     def __init__(
         self, dist: Any, model: Any, hvd: Any, recording: Recording, clock_rounds: int
     ) -> None:
@@ -375,251 +387,7 @@ class Tracer(PhasesBase):
             "step": self._step,
         }
 
-    # -- hot path: per allreduce (enqueue, poll), per phase boundary, per step -----------------
-    def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:
-        """Horovod's ``orig`` (enqueues one allreduce: a tensor, or a group keyed by its ids).
-
-        The compiled form (:mod:`hvtrace.record._hot`, where built and ``$HVTRACE_NATIVE`` is
-        on) does what the closure below does, on the same attributes."""
-        rec, meta, now, polls = self.rec, self.meta, self.now, not self.is_cuda
-        interval = self.poll_interval_ns
-        hot = hot_module()
-        if hot is not None:
-            poll, key = (self._poll if polls else None), (None if key_of is id else key_of)
-            return hot.Enqueue(self, rec, orig, key, now, poll, interval)
-        next_poll = 0  # host timer only: a gradient enqueued from then on looks
-
-        def enqueue(arg: Any) -> Any:
-            nonlocal next_poll
-            if not rec.enabled:
-                return orig(arg)
-            t = now()
-            out = orig(arg)
-            try:
-                key = key_of(arg)
-                if key not in meta:
-                    self._learn(key, arg, out)
-                enqueued = self.enqueued
-                enqueued.append((t, key, out))
-                if len(enqueued) == 1:  # the step's first allreduce: its work has begun
-                    rec.between_steps = False
-                # a gradient became ready (not an allreduce Horovod sends late, in synchronize)
-                if polls and t >= next_poll and not self.in_sync:  # CUDA tokens: no polling
-                    next_poll = t + interval
-                    self._poll_done()
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-            return out
-
-        return enqueue
-
-    def _poll_done(self) -> None:
-        """Note the allreduces that completed since the last look, oldest first, as seen now."""
-        enqueued, first, poll = self.enqueued, self.poll_idx, self._poll
-        handles = []
-        for i in range(first, len(enqueued)):
-            h = enqueued[i][2]
-            h = h[0] if type(h) is tuple else h
-            if type(h) is not int or not poll(h):
-                break
-            handles.append(h)
-        if handles:
-            t = monotonic_ns()
-            self.done += [(h, t) for h in handles]
-            self.poll_idx = first + len(handles)
-
-    def _span(self, kind: int, name: str, start: Any, end: Any, c0: Any, c1: Any, flags: int):
-        rec = self.rec
-        self.rows.append((rec.step, rec.micro, kind, name, start, end, 0, 0, _NAN, flags, c0, c1))
-
-    def _fwd_pre(self, module: Any, args: Any) -> None:
-        if self.rec.enabled:
-            try:
-                if not self._grad_enabled():
-                    self.fwd_start = None  # evaluation: no step phase
-                    return
-                t, c = self.now(), self.read()
-                if self.fwd_count == 0:
-                    self._span(K_INPUT, "input", self.step_start, t, self.step_cpu, c, self.flags)
-                else:  # another micro-step (backward_passes_per_step, or several forwards)
-                    self._close_backward(t, c)
-                    self.rec.micro = self.fwd_count
-                self.rec.between_steps = False
-                self.fwd_start, self.fwd_cpu = t, c
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-
-    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
-        if self.rec.enabled and self.fwd_start is not None:
-            try:
-                t, c = self.now(), self.read()
-                self._span(K_FORWARD, "forward", self.fwd_start, t, self.fwd_cpu, c, self.flags)
-                self.bwd_cpu, self.fwd_start = c, None  # backward's counters start here
-                self.fwd_count += 1
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-
-    def _backward_called(self) -> None:
-        """``torch.autograd.backward`` was called (:mod:`hvtrace.record.torchpatch`): the first
-        call after a recorded forward begins that forward's backward pass."""
-        if self.bwd_start is None and self.fwd_count and self.fwd_start is None:
-            self.bwd_start = self.now()
-
-    def _grad_ready(self, *args: Any) -> None:
-        if self.rec.enabled and not self.in_sync:
-            try:
-                self.last_grad = self.now()
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-
-    def _synchronize(self) -> Any:
-        if not self.rec.enabled:
-            return self._orig_sync()
-        try:
-            t0, c0 = monotonic_ns(), self.read()
-            self._close_compute(self.now() if self.is_cuda else t0, c0)
-            # (no poll here: Horovod now waits for each handle in order, and hvdpatch notes
-            # when each wait returns, as a poll would, oldest first, a few µs apart)
-            self.in_sync, self.rec.between_steps, hvdpatch.observer = True, False, self
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-            return self._orig_sync()
-        try:
-            out = self._orig_sync()
-        finally:
-            self.in_sync, hvdpatch.observer = False, None
-        try:
-            t1, c1 = monotonic_ns(), self.read()
-            end = self.now() if self.is_cuda else t1
-            self._span(K_WAIT, "synchronize", t0, t1, c0, c1, 0)
-            self.sync_exit, self.sync_cpu = end, c1
-            rec, flags = self.rec, self.ar_flags
-            ar = Allreduces(rec.step, rec.micro, flags, self.enqueued, self.done, end, self.meta)
-            self.rows.append(ar)
-            self.enqueued, self.done, self.poll_idx, self.grad_mark = [], [], 0, 0
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        return out
-
-    def _step(self, closure: Any = None) -> Any:
-        if not self.rec.enabled:
-            out = self._orig_step(closure)
-            self._count_step()
-            return out
-        if self.checks is not None:  # learning rates; every N steps the weights (no raise)
-            self.checks.on_step(self.rec.step)
-        try:  # synchronize() already ran (the skip pattern): the update's counters start here
-            ts, cs = self.now(), (self.read() if self.compute_closed else None)
-            self.sync_exit = None  # set again if Horovod's step() synchronizes
-        except Exception as exc:  # noqa: BLE001
-            ts = cs = None
-            self.fail(exc)
-        out = self._orig_step(closure)
-        if ts is not None and self.rec.enabled:
-            try:
-                self._end_step(ts, cs)
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-        if self._count_step():
-            try:
-                self.step_start, self.step_cpu = self.now(), self.read()
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-        return out
-
-    # -- phase bookkeeping (hot path, called above) ---------------------------------------------
-    def _end_step(self, ts: Any, cs: Any) -> None:
-        """Close the update and the step (the optimizer's update ran from ``ts``)."""
-        te, c = self.now(), self.read()
-        if not self.compute_closed:  # step without synchronize (skip pattern, Adasum)
-            self._close_compute(ts, None)
-        if self.sync_exit is not None:  # the update ran from synchronize's exit
-            ts, cs = self.sync_exit, self.sync_cpu
-        self._span(K_UPDATE, "update", ts, te, cs, c, self.flags)
-        self._span(K_STEP, "step", self.step_start, te, self.step_cpu, c, self.flags)
-        rec, rows, self.rows = self.rec, self.rows, []
-        rec.extend(rows)
-        self.done_rows = rows  # the live window's, at _count_step
-        rec.step += 1
-        rec.micro = self.fwd_count = 0
-        rec.between_steps = True
-        self.step_start, self.step_cpu = te, c
-        self.compute_closed = False
-        self.bwd_start = self.last_grad = None
-
-    def _grad_end(self, t: Any) -> Any:
-        """When the backward pass that ends now (``t``) had its last gradient ready; the next pass
-        begins. The gradient accumulators' hooks' last call where they are installed
-        (``backward_passes_per_step`` > 1: they run after Horovod's), else the enqueue of the
-        last allreduce since the pass began (the wrapper keeps no time of its own: a write per
-        gradient costs more than this), else ``t``."""
-        enqueued, mark = self.enqueued, self.grad_mark
-        self.grad_mark = len(enqueued)
-        if self.last_grad is not None:
-            return self.last_grad
-        return enqueued[-1][0] if len(enqueued) > mark else t
-
-    def _close_backward(self, t: Any, c: Any) -> None:
-        end = self._grad_end(t)
-        if self.bwd_start is not None:
-            self._span(K_BACKWARD, "backward", self.bwd_start, end, self.bwd_cpu, c, self.flags)
-        self.bwd_start = self.last_grad = None
-
-    def _close_compute(self, t: Any, c: Any) -> None:
-        """At the first synchronize of a step: close backward (model) or the compute span."""
-        if self.compute_closed:
-            return
-        self.compute_closed = True
-        if self.fwd_count:
-            self._close_backward(t, c)
-        else:
-            end = self._grad_end(t)
-            self._span(K_COMPUTE, "compute", self.step_start, end, self.step_cpu, c, self.flags)
-
-    # -- off the hot path: failure, a first allreduce, step count, clock; then the rest --------
-    def fail(self, exc: BaseException | str) -> None:
-        """Disable tracing after an internal error (one warning); training goes on."""
-        self.rec.fail(exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
-
-    def _learn(self, key: Any, arg: Any, handle_ctx: Any) -> None:
-        """Note the names, bytes and dtypes of the tensors an allreduce sends (its first time)."""
-        params = tuple(arg) if type(key) is tuple else (arg,)
-        handle = handle_of(handle_ctx)
-        sent = self._handle_map.get(handle) if type(handle) is int else None
-        sent = sent[0] if sent is not None else None  # the (compressed) tensor(s) Horovod reduces
-        self.meta[key] = tensor_meta(params, sent, self.dist._parameter_names)
-
-    def _count_step(self) -> bool:
-        """Count a step on every rank; run the scheduled clock collective. True if it ran.
-
-        Live detection counts the step here too, with the step's entries when it was recorded
-        (else none): its windows' collective stays in step on every rank, recording or not."""
-        self.steps_done += 1
-        s = self.steps_done
-        if self.live is not None:
-            rows, self.done_rows = self.done_rows, []
-            self.live.on_step(rows)
-        if s == CLOCK_RESYNC_FIRST or (s > CLOCK_RESYNC_FIRST and s % CLOCK_RESYNC_EVERY == 0):
-            self.resync_clock()
-            return True
-        return False
-
-    def resync_clock(self) -> None:
-        """Estimate the clock offsets again.
-
-        A collective: every rank runs it at the same step, whether or not its own recording is
-        still enabled, so that a rank whose tracing failed never leaves the others waiting.
-        """
-        t0 = monotonic_ns()
-        try:
-            est = sync_clocks(self.hvd, self.clock_rounds)
-        except Exception as exc:  # noqa: BLE001 - never raise into the training loop
-            self.fail(f"clock synchronisation failed ({type(exc).__name__}: {exc})")
-            return
-        if self.rec.enabled:
-            self.rec.add_clock(est)
-            self.rec.add(K_USER, "hvtrace.clock_sync", t0, monotonic_ns())
-
+    # -- 2. start, 4. finish -----------------------------------------------------------------------
     def start_horovod_timeline(self, trace_dir: Path, run_id: str) -> None:
         """Start Horovod's timeline into ``trace_dir/horovod-timeline-RUNID.json`` (Horovod's
         rank 0 writes it); a warning, never an error, when Horovod refuses. Only rank 0 starts
@@ -640,6 +408,68 @@ class Tracer(PhasesBase):
             )
             return
         self.horovod_timeline = path
+
+    def finish(self, sync_clock: bool = True) -> None:
+        """Estimate the clocks a last time (collective), then flush and close the trace file."""
+        if sync_clock and not self._finished:
+            self.resync_clock()
+        self._finished = True
+        if self.horovod_timeline is not None:
+            try:
+                self.hvd.stop_timeline()  # Horovod closes the JSON array
+            except Exception:  # noqa: BLE001
+                pass
+            self.horovod_timeline = None
+        for h in self._hooks:
+            try:
+                h.remove()
+            except Exception:  # noqa: BLE001
+                pass
+        self._hooks = []
+        torchpatch.unobserve(self)
+        if self.checks is not None:
+            self.checks.close()
+        if self.rec.enabled:
+            self._flush_rows()
+        if self.live is not None:
+            self.live.close()
+        self.rec.close()
+        collectives.release(self)
+
+    def _flush_rows(self) -> None:
+        """Hand the step's spans to the recorder (one call per step)."""
+        rows, self.rows = self.rows, []
+        if rows:
+            self.rec.extend(rows)
+
+    # -- 3. what the hooks call, off the hot path; the phase now; an elastic reset -----------------
+    def fail(self, exc: BaseException | str) -> None:
+        """Disable tracing after an internal error (one warning); training goes on."""
+        self.rec.fail(exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
+
+    def _learn(self, key: Any, arg: Any, handle_ctx: Any) -> None:
+        """Note the names, bytes and dtypes of the tensors an allreduce sends (its first time)."""
+        params = tuple(arg) if type(key) is tuple else (arg,)
+        handle = handle_of(handle_ctx)
+        sent = self._handle_map.get(handle) if type(handle) is int else None
+        sent = sent[0] if sent is not None else None  # the (compressed) tensor(s) Horovod reduces
+        self.meta[key] = tensor_meta(params, sent, self.dist._parameter_names)
+
+    def resync_clock(self) -> None:
+        """Estimate the clock offsets again.
+
+        A collective: every rank runs it at the same step, whether or not its own recording is
+        still enabled, so that a rank whose tracing failed never leaves the others waiting.
+        """
+        t0 = monotonic_ns()
+        try:
+            est = sync_clocks(self.hvd, self.clock_rounds)
+        except Exception as exc:  # noqa: BLE001 - never raise into the training loop
+            self.fail(f"clock synchronisation failed ({type(exc).__name__}: {exc})")
+            return
+        if self.rec.enabled:
+            self.rec.add_clock(est)
+            self.rec.add(K_USER, "hvtrace.clock_sync", t0, monotonic_ns())
 
     def phase_now(self) -> str:
         """The step phase the training thread is in now, for a collective issued now:
@@ -672,39 +502,6 @@ class Tracer(PhasesBase):
         self.in_collective = None
         self.rec.micro = 0
         self.rec.between_steps = False
-
-    def _flush_rows(self) -> None:
-        """Hand the step's spans to the recorder (one call per step)."""
-        rows, self.rows = self.rows, []
-        if rows:
-            self.rec.extend(rows)
-
-    def finish(self, sync_clock: bool = True) -> None:
-        """Estimate the clocks a last time (collective), then flush and close the trace file."""
-        if sync_clock and not self._finished:
-            self.resync_clock()
-        self._finished = True
-        if self.horovod_timeline is not None:
-            try:
-                self.hvd.stop_timeline()  # Horovod closes the JSON array
-            except Exception:  # noqa: BLE001
-                pass
-            self.horovod_timeline = None
-        for h in self._hooks:
-            try:
-                h.remove()
-            except Exception:  # noqa: BLE001
-                pass
-        self._hooks = []
-        torchpatch.unobserve(self)
-        if self.checks is not None:
-            self.checks.close()
-        if self.rec.enabled:
-            self._flush_rows()
-        if self.live is not None:
-            self.live.close()
-        self.rec.close()
-        collectives.release(self)
 
 
 def _start_live(tracer: Tracer, membership: Any, clock: Any, index: int = 0) -> None:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hvtrace.format.schema import FLAG_END_UPPER_BOUND, KIND_CODE, LR_PREFIX, PARAM_PREFIX
-from hvtrace.record import hvdpatch, native
+from hvtrace.record import hot, hvdpatch, native
 from hvtrace.record import optimizer as opt
 from hvtrace.record.consistency import ConsistencyChecks
 from hvtrace.record.optimizer import Tracer
@@ -387,16 +387,14 @@ def test_live_and_the_clock_collective_are_called_at_their_steps(both, monkeypat
     """Live detection gets each step's entries; the clock collective runs at the scheduled
     steps (here 2, then every 3rd), and the next step starts after it."""
     first, every = opt.CLOCK_RESYNC_FIRST, opt.CLOCK_RESYNC_EVERY
-    monkeypatch.setattr(opt, "CLOCK_RESYNC_FIRST", 2)
-    monkeypatch.setattr(opt, "CLOCK_RESYNC_EVERY", 3)
-    native._hot.configure(KIND_CODE, Allreduces, hvdpatch, 2, 3)
+    hot.configure(hvdpatch, 2, 3)  # both forms' schedule
     seen: dict[str, Any] = {}
     try:
         for form in ("1", "0"):
             monkeypatch.setenv("HVTRACE_NATIVE", form)
             seen[form] = _seven_steps_watched()
     finally:
-        native._hot.configure(KIND_CODE, Allreduces, hvdpatch, first, every)
+        hot.configure(hvdpatch, first, every)
     assert seen["1"] == seen["0"]
     assert seen["1"][0] == [7] * 7 and seen["1"][1] == [2, 3, 6]
 

@@ -1,0 +1,117 @@
+/* hvtrace/record/_hot/module.c: configure() and the module's init. Part of
+ * hvtrace/record/_hot.c (included there last); not compiled alone.
+ * Python twin: hvtrace.record.hot.configure (which calls this configure() where it is built).
+ */
+
+/* configure(kinds, allreduces, hvdpatch, resync_first, resync_every): what the hooks need from
+ * hvtrace's Python modules (schema.KIND_CODE, rows.Allreduces, record.hvdpatch, the steps of the
+ * clock collective), once, through hvtrace.record.hot.configure (from hvtrace.record.optimizer).
+ */
+static PyObject *configure(PyObject *module, PyObject *args) {
+    PyObject *kinds, *ar, *hvdp;
+    long long first, every;
+    if (!PyArg_ParseTuple(args, "O!OOLL:configure", &PyDict_Type, &kinds, &ar, &hvdp, &first,
+                          &every))
+        return NULL;
+    if (!PyType_Check(ar) || !PyType_IsSubtype((PyTypeObject *)ar, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure: allreduces must be a tuple subclass");
+        return NULL;
+    }
+    if (every <= 0) {
+        PyErr_SetString(PyExc_ValueError, "configure: resync_every must be positive");
+        return NULL;
+    }
+    struct { PyObject **k; PyObject **n; const char *kind; const char *name; } spec[] = {
+        {&k_step, &n_step, "step", "step"},
+        {&k_input, &n_input, "input", "input"},
+        {&k_forward, &n_forward, "forward", "forward"},
+        {&k_backward, &n_backward, "backward", "backward"},
+        {&k_compute, &n_compute, "compute", "compute"},
+        {&k_wait, &n_sync, "wait", "synchronize"},
+        {&k_update, &n_update, "update", "update"},
+    };
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        PyObject *k = PyDict_GetItemString(kinds, spec[i].kind);
+        if (k == NULL || !PyLong_Check(k)) {
+            PyErr_Format(PyExc_KeyError, "configure: no kind code for %s", spec[i].kind);
+            return NULL;
+        }
+        PyObject *n = PyUnicode_InternFromString(spec[i].name);
+        if (n == NULL) return NULL;
+        Py_XSETREF(*spec[i].k, Py_NewRef(k));
+        Py_XSETREF(*spec[i].n, n);
+    }
+    PyObject *ks = PyDict_GetItemString(kinds, "scalar");
+    if (ks == NULL || !PyLong_Check(ks)) {
+        PyErr_SetString(PyExc_KeyError, "configure: no kind code for scalar");
+        return NULL;
+    }
+    Py_XSETREF(k_scalar, Py_NewRef(ks));
+    Py_XSETREF(allreduces_cls, Py_NewRef(ar));
+    Py_XSETREF(hvdpatch_mod, Py_NewRef(hvdp));
+    resync_first = first;
+    resync_every = every;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(kinds, allreduces, hvdpatch, resync_first, resync_every): what the compiled "
+     "per-step hooks need from hvtrace's modules (once, through hvtrace.record.hot.configure)."},
+    {"horovod_poll", horovod_poll, METH_O,
+     "horovod_poll(path) -> HorovodPoll or None: Horovod's PollHandle in the already loaded "
+     "library at path (its PyTorch extension), None where it is not there."},
+    {NULL},
+};
+
+static struct PyModuleDef hotmodule = {
+    PyModuleDef_HEAD_INIT, "_hot",
+    "hvtrace's compiled hot path (per allreduce, per counter reading).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__hot(void) {
+#define INTERN(var, str) \
+    if ((var = PyUnicode_InternFromString(str)) == NULL) return NULL;
+    INTERN(s_enabled, "enabled");
+    INTERN(s_meta, "meta");
+    INTERN(s_learn, "_learn");
+    INTERN(s_between_steps, "between_steps");
+    INTERN(s_step, "step");
+    INTERN(s_micro, "micro");
+    INTERN(s_extend, "extend");
+    INTERN(s_on_step, "on_step");
+    INTERN(s_resync_clock, "resync_clock");
+    INTERN(s_observer, "observer");
+    INTERN(s_fail, "fail");
+    INTERN(s_every, "every");
+    INTERN(s_pending, "pending");
+    INTERN(s_groups, "groups");
+    INTERN(s_n_groups, "_n_groups");
+    INTERN(s_lr_names, "_lr_names");
+    INTERN(s_lr, "lr");
+#undef INTERN
+    PyObject *time_mod = PyImport_ImportModule("time");
+    if (time_mod == NULL) return NULL;
+    monotonic_ns_func = PyObject_GetAttrString(time_mod, "monotonic_ns");
+    Py_DECREF(time_mod);
+    if (monotonic_ns_func == NULL) return NULL;
+    if (PyType_Ready(&EnqueueType) < 0 || PyType_Ready(&HorovodPollType) < 0 ||
+        PyType_Ready(&ThreadReaderType) < 0 || PyType_Ready(&PhasesType) < 0 ||
+        PyType_Ready(&HandleWaitType) < 0)
+        return NULL;
+    if ((zero_obj = PyLong_FromLong(0)) == NULL || (one_obj = PyLong_FromLong(1)) == NULL ||
+        (nan_obj = PyFloat_FromDouble(Py_NAN)) == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&hotmodule);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Enqueue", (PyObject *)&EnqueueType) < 0 ||
+        PyModule_AddObjectRef(m, "HorovodPoll", (PyObject *)&HorovodPollType) < 0 ||
+        PyModule_AddObjectRef(m, "ThreadReader", (PyObject *)&ThreadReaderType) < 0 ||
+        PyModule_AddObjectRef(m, "Phases", (PyObject *)&PhasesType) < 0 ||
+        PyModule_AddObjectRef(m, "HandleWait", (PyObject *)&HandleWaitType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
