@@ -9,12 +9,25 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hvtrace-setup$(if $(filter 1,$(HOROVOD_WITH_MPI)),-mpi,)
 NP     ?= 2
 PYTEST_ARGS ?=
+# pytest-xdist workers for the unit tests (`make test`, `make unit`); 0 runs them in one process
+UNIT_WORKERS ?= 2
+# The unit tests: in UNIT_WORKERS processes, then those marked `timing` alone (they measure CPU
+# time: no other test may run beside them; tests/conftest.py).
+UNIT_RUN = u=0; t=0; \
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --timing-tests=skip $(PYTEST_ARGS) || u=$$?; \
+	$(PY) -m pytest tests/unit --timing-tests=only $(PYTEST_ARGS) || t=$$?
+# Each pytest phase runs whatever the others' results; its exit status 5 (PYTEST_ARGS selected no
+# test in it) fails only when no phase ran a test.
+PHASES_OK = for rc in $$u $$t $$i; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done; \
+	case "$$u$$t$$i" in *0*) ;; *) exit 5 ;; esac
 
 .PHONY: setup demo demo-cluster test test-busy lint unit docs bench samples clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh hvtrace/record/_hot.c hvtrace/record/_hvdpoll.cpp
+# the compiled hot path: hvtrace/record/_hot.c and the parts it includes (hvtrace/record/_hot/)
+$(STAMP): pyproject.toml scripts/setup.sh hvtrace/record/_hot.c $(wildcard hvtrace/record/_hot/*.[ch]) \
+    hvtrace/record/_hvdpoll.cpp
 	bash scripts/setup.sh
 	touch $@
 
@@ -26,14 +39,22 @@ demo: setup
 demo-cluster: setup
 	bash scripts/demo_cluster.sh
 
-## test: lint, the documentation built strictly, then the whole test suite (unit + real
-## horovodrun integration tests)
+## test: lint, the documentation built strictly, then the whole test suite: the unit tests
+## (UNIT_RUN: in UNIT_WORKERS processes, then those marked timing), then the real horovodrun
+## integration tests one at a time (their timing assertions need the cores to themselves)
 test: setup
 	$(VENV)/bin/ruff check hvtrace hvtrace_boot setup.py dashboard tests bench scripts
 	$(VENV)/bin/ruff format --check hvtrace hvtrace_boot setup.py dashboard tests bench scripts
 	$(VENV)/bin/lint-imports
 	$(MAKE) docs
+ifneq ($(filter tests/%,$(PYTEST_ARGS)),)
+	@# PYTEST_ARGS names its tests (tests/...): those, in one process
 	$(PY) -m pytest $(PYTEST_ARGS)
+else
+	$(UNIT_RUN); \
+	i=0; $(PY) -m pytest tests/integration $(PYTEST_ARGS) || i=$$?; \
+	$(PHASES_OK)
+endif
 
 ## test-busy: the integration tests with a busy neighbour (a process keeping one core busy the
 ## whole time): what a timing-dependent test must also pass
@@ -41,7 +62,7 @@ test-busy: setup
 	$(PY) -m pytest tests/integration --busy-neighbour $(PYTEST_ARGS)
 
 unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(UNIT_RUN); $(PHASES_OK)
 
 lint: setup
 	$(VENV)/bin/ruff check hvtrace hvtrace_boot setup.py dashboard tests bench scripts

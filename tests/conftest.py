@@ -7,6 +7,10 @@
 - After every test the process-wide active recorder is reset, so one test's recorder never
   records another test's spans.
 - Saved analyses go to a temporary directory of the session (``HVTRACE_CACHE_DIR``).
+- Tests marked ``timing`` measure this process's CPU time or run-queue wait: they need the cores
+  to themselves, so an xdist worker (``-n``: another worker beside it) leaves them out and
+  ``--timing-tests=only`` runs them alone afterwards (``make unit`` and ``make test`` do both);
+  ``--timing-tests=skip`` leaves them out anywhere.
 - ``--busy-neighbour`` (``make test-busy``): a process keeps one core busy for the whole session,
   free to move between cores, as another job or a browser does on a user's machine; a test that
   depends on timing must pass with it (issue 39).
@@ -43,6 +47,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="keep one core busy with another process for the whole session (a busy machine)",
     )
+    parser.addoption(
+        "--timing-tests",
+        choices=("auto", "skip", "only"),
+        default="auto",
+        help="tests marked timing (they measure CPU time: no other test may run beside them): "
+        "auto runs them except on an xdist worker, skip leaves them out, only runs them alone",
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,7 +79,33 @@ def _busy_neighbour(request: pytest.FixtureRequest):
         p.wait()
 
 
+def _select_timing_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked ``timing`` or all others, as ``--timing-tests`` says (auto:
+    leave them out on an xdist worker, whose fellow workers run beside it)."""
+    mode = config.getoption("--timing-tests")
+    if mode == "auto":
+        mode = "skip" if hasattr(config, "workerinput") else "run"
+    if mode == "run":
+        return
+    want = mode == "only"
+    keep, drop = [], []
+    for it in items:
+        (keep if bool(it.get_closest_marker("timing")) == want else drop).append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if config.getoption("--timing-tests") == "auto" and getattr(config.option, "numprocesses", 0):
+        terminalreporter.write_line(
+            "note: the xdist workers left out the tests marked timing; "
+            "`pytest tests/unit --timing-tests=only` runs them (make unit and make test do)"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _select_timing_tests(config, items)
     horovod_items = [it for it in items if it.get_closest_marker("horovod")]
     if horovod_items:
         reason = horovod_unavailable_reason()

@@ -72,17 +72,45 @@ def _train(run_dir: Path, np_: int = 4, steps: int = 20, *extra: str) -> None:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("offset_s", [7.3, -0.25])
+def _recorded(tmp_path_factory: pytest.TempPathFactory, name: str, up: list[str], *train: str):
+    """Bring a cluster up with ``up``, record the demo job (4 ranks, 20 steps, ``train`` added)
+    on it, take the cluster down; return the run directory."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    try:
+        cluster("up", *up)
+        _train(run_dir, 4, 20, *train)
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "down"], capture_output=True, timeout=120)
+    return run_dir
+
+
+# Two recorded runs serve two tests each: the clock offset injected into the cluster and the
+# delay injected into the job are independent (a test of each asserts on the same run), so each
+# scenario of host 2 or rank 3 slowed also runs on offset clocks, one ahead and one behind.
+@pytest.fixture(scope="module")
+def slow_host_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Host 2's clock 7.3 s ahead; every rank of host 2 40 ms more in its forward."""
+    up = ["--hosts", "2", "--clock-offset-s", "7.3"]
+    return _recorded(tmp_path_factory, "slow-host", up, "--slow-host", "hvc2", "--slow-ms", "40")
+
+
+@pytest.fixture(scope="module")
+def slow_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Host 2's clock 0.25 s behind; rank 3 (host 2) alone 40 ms more in its forward."""
+    up = ["--hosts", "2", "--clock-offset-s", "-0.25"]
+    return _recorded(tmp_path_factory, "slow-rank", up, "--slow-rank", "3", "--slow-ms", "40")
+
+
+@pytest.mark.parametrize(
+    "scenario, offset_s", [("slow_host_run", 7.3), ("slow_rank_run", -0.25)], ids=["7.3", "-0.25"]
+)
 def test_clock_offsets_across_hosts_are_what_was_injected(
-    hosts, tmp_path: Path, offset_s: float
+    request: pytest.FixtureRequest, scenario: str, offset_s: float
 ) -> None:
     """Host 2's CLOCK_MONOTONIC runs ``offset_s`` from host 1's: every rank of host 2 reports that
     offset within the uncertainty it states (<= 0.5 ms), host 1's rank shares rank 0's clock, and
     each allreduce, aligned, completes after the last rank enqueued it (causality holds)."""
-    hosts("--hosts", "2", "--clock-offset-s", str(offset_s))
-    run_dir = tmp_path / "run"
-    _train(run_dir)
-    run = open_run(run_dir)
+    run = open_run(request.getfixturevalue(scenario))
     assert run.hosts == {0: "hvc1", 1: "hvc1", 2: "hvc2", 3: "hvc2"}
     assert not run.problems, run.problems
     injected = round(offset_s * 1e9)
@@ -114,18 +142,25 @@ def _analyzed(run_dir: Path):
     return analyze(open_run(run_dir))
 
 
-def test_a_slow_host_is_named_not_its_ranks(hosts, tmp_path: Path) -> None:
+def test_a_slow_host_is_named_not_its_ranks(slow_host_run: Path) -> None:
     """Every rank of host 2 spends 40 ms more in its forward: the host is named, with both its
     ranks, and the findings do not list its ranks one by one."""
-    hosts("--hosts", "2")
-    _train(tmp_path / "run", 4, 20, "--slow-host", "hvc2", "--slow-ms", "40")
-    a = _analyzed(tmp_path / "run")
+    a = _analyzed(slow_host_run)
     assert list(a.slow_hosts["host"]) == ["hvc2"], a.verdicts
     assert sorted(a.slow_hosts["ranks"].iloc[0]) == [2, 3]
     kinds = [f.kind for f in a.findings]
     assert "slow_host" in kinds and "straggler" not in kinds, [f.message for f in a.findings]
     assert not set(a.stragglers["rank"]) & {0, 1}
     assert a.slow_hosts["cause"].iloc[0] == "blocked"  # its ranks sleep
+
+
+def test_one_slow_rank_on_host_2_is_named_not_its_host(slow_rank_run: Path) -> None:
+    """Only rank 3 (host 2) is slowed, by 40 ms in its forward: that rank is named, with its
+    phase, and its host is not."""
+    a = _analyzed(slow_rank_run)
+    assert a.slow_hosts.empty, a.slow_hosts
+    assert list(a.stragglers["rank"]) == [3], a.verdicts
+    assert a.stragglers["phase"].iloc[0] == "forward"
 
 
 def test_a_host_short_of_cpu_is_named_for_contention(hosts, tmp_path: Path) -> None:
@@ -146,17 +181,6 @@ def test_a_host_short_of_cpu_is_named_for_contention(hosts, tmp_path: Path) -> N
     others = [f.data["work_share"] for f in found[1:]]
     assert all(s < found[0].data["work_share"] for s in others), msgs
     assert not set(a.stragglers["rank"]) & {0, 1}, a.verdicts
-
-
-def test_one_slow_rank_on_host_2_is_named_not_its_host(hosts, tmp_path: Path) -> None:
-    """Only rank 3 (host 2) is slowed, by 40 ms in its forward: that rank is named, with its
-    phase, and its host is not."""
-    hosts("--hosts", "2")
-    _train(tmp_path / "run", 4, 20, "--slow-rank", "3", "--slow-ms", "40")
-    a = _analyzed(tmp_path / "run")
-    assert a.slow_hosts.empty, a.slow_hosts
-    assert list(a.stragglers["rank"]) == [3], a.verdicts
-    assert a.stragglers["phase"].iloc[0] == "forward"
 
 
 def _train_bytes(run_dir: Path, np_: int, steps: int = 10) -> None:

@@ -2,7 +2,8 @@
 
 Each case runs ``hvtrace analyze`` in-process and must either load (exit 0) with a warning naming
 what was dropped, or fail with exit code 2 and a one-line error; never a traceback (exit 1), never
-a hang (pytest-timeout). The number of cases tried is printed.
+a hang (pytest-timeout). Each property must have tried at least half the examples its settings ask
+for (it prints how many: ``-s``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,23 @@ DAMAGE_SETTINGS = settings(
 )
 #: Half as many for the compacted form.
 PARQUET_SETTINGS = settings(DAMAGE_SETTINGS, max_examples=EXAMPLES // 2)
+
+
+def _tries_its_examples(test):
+    """Fail a property test that passed on fewer damaged inputs than half of its settings'
+    examples: a settings slip (a phase left out, a database replaying one example) would let it
+    pass on none. Prints the count (``-s``)."""
+    wanted = test._hypothesis_internal_use_settings.max_examples
+
+    @functools.wraps(test)
+    def run(*args, **kwargs) -> None:
+        before = sum(CASES.values())
+        test(*args, **kwargs)
+        tried = sum(CASES.values()) - before
+        print(f"\n{test.__name__}: {tried} damaged inputs tried")
+        assert tried >= wanted // 2, f"{test.__name__} tried {tried} inputs, not {wanted}"
+
+    return run
 
 
 def _files(d: Path) -> list[Path]:
@@ -90,6 +107,7 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+@_tries_its_examples
 @DAMAGE_SETTINGS
 @given(data=st.data())
 def test_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
@@ -103,6 +121,7 @@ def test_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
         assert victim.name in out + err, "a damaged file must be reported, not silently used"
 
 
+@_tries_its_examples
 @PARQUET_SETTINGS
 @given(data=st.data())
 def test_compacted_truncated_at_any_byte(tmp_path: Path, capsys, data) -> None:
@@ -126,6 +145,7 @@ def _flip_bytes(run: Path, data: st.DataObject) -> None:
     victim.write_bytes(bytes(raw))
 
 
+@_tries_its_examples
 @PARQUET_SETTINGS
 @given(data=st.data())
 def test_compacted_flipped_bytes(tmp_path: Path, capsys, data) -> None:
@@ -134,6 +154,7 @@ def test_compacted_flipped_bytes(tmp_path: Path, capsys, data) -> None:
     _analyze(run, capsys, "parquet flipped bytes")
 
 
+@_tries_its_examples
 @DAMAGE_SETTINGS
 @given(data=st.data())
 def test_flipped_bytes(tmp_path: Path, capsys, data) -> None:
@@ -212,15 +233,6 @@ def test_directory_cases(tmp_path: Path, capsys) -> None:
     assert rc == 0 and "rank(s) 1, 2" in out + err
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _print_case_count() -> Iterator[None]:
-    """After this module's tests, print how many damaged inputs they tried (a report, not a
-    test: it checks nothing)."""
-    yield
-    total = sum(CASES.values())
-    print(f"\nbad-input cases tried: {total} " + json.dumps(CASES))
-
-
 #: Any JSON value (the shapes a hostile or broken header can hold).
 JSON_VALUES = st.recursive(
     st.none()
@@ -240,6 +252,7 @@ HEADER_FIELDS = [
 ]  # fmt: skip
 
 
+@_tries_its_examples
 @DAMAGE_SETTINGS
 @given(data=st.data())
 def test_any_json_value_in_any_header_field(tmp_path: Path, capsys, data) -> None:

@@ -24,7 +24,11 @@ from hvtrace.record.cpustat import ThreadCounters, deltas
 from hvtrace.record.native import hot_module
 from hvtrace.record.recorder import Recorder
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux counters")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux counters"),
+    # busy loops measured against the wall clock: another test beside them takes their CPU
+    pytest.mark.timing,
+]
 
 RUN = "20240101-000000-c0ffee"
 MS = 1_000_000
