@@ -215,7 +215,10 @@ class Engine:
                 off, on = offsets, "s.rank = o.rank AND s.step = o.step"
             con.register("hv_offsets", off)
             registered.append("hv_offsets")
-            partial = f"""SELECT {_KEY_S}, count(DISTINCT s.rank) AS n_spans,
+            # a step recorded twice (plausible() found duplicates): count each rank once
+            dupes = any("duplicates" in c for c in rows.attrs.get("implausible", {}).values())
+            n_spans = "count(DISTINCT s.rank)" if dupes else "count(*)"
+            partial = f"""SELECT {_KEY_S}, {n_spans} AS n_spans,
                        max(CASE WHEN s.bytes BETWEEN 0 AND {BYTES_LIMIT} THEN s.bytes ELSE 0 END)
                        AS bytes,
                        any_value(s.dtype) AS dtype,
@@ -477,9 +480,24 @@ def span_offsets(
 
 def _align(rows: pd.DataFrame, cols: dict[str, Any], sources: Sequence[RankSource]) -> pd.DataFrame:
     """Move ``rows``' times onto rank 0's clock in place by the offsets of their spans ``cols``
-    (:func:`span_offsets`); return the (rank, step, off_ns) used."""
-    _, offsets = span_offsets(sources, cols["rank"], cols["step"], cols["start_ns"])
-    if offsets["off_ns"].any():
+    (:func:`span_offsets`); return the (rank, step, off_ns) used. Where every rank's offset is
+    one constant (one estimate, or estimates that agree: the rule then gives that constant
+    whatever the anchor), it is looked up by rank, without grouping the spans."""
+    clocks = clocks_of(sources)
+    constant = {r: {e.offset_ns for e in est} for r, est in clocks.items()}
+    rk = rows["rank"].to_numpy(np.int64)
+    if all(len(v) == 1 for v in constant.values()):
+        by_rank = {r: next(iter(v)) for r, v in constant.items() if r >= 0}
+        off = np.zeros(len(rk), np.int64)
+        if any(by_rank.values()):
+            lut = np.zeros(max(by_rank) + 1, np.int64)
+            for r, o in by_rank.items():
+                lut[r] = o
+            known = (rk >= 0) & (rk < len(lut))
+            off = np.where(known, lut[np.clip(rk, 0, len(lut) - 1)], 0)
+        offsets = pd.DataFrame({"rank": rk, "step": rows["step"].to_numpy(np.int64), "off_ns": off})
+    else:
+        _, offsets = span_offsets(sources, cols["rank"], cols["step"], cols["start_ns"])
         off = (
             rows[["rank", "step"]]
             .astype(np.int64)
@@ -487,6 +505,7 @@ def _align(rows: pd.DataFrame, cols: dict[str, Any], sources: Sequence[RankSourc
             .fillna(0)
             .to_numpy(np.int64)
         )
+    if off.any():
         rows["start_ns"] = rows["start_ns"].to_numpy(dtype=np.int64) - off
         rows["end_ns"] = rows["end_ns"].to_numpy(dtype=np.int64) - off
         rows["arrival_ns"] = rows["arrival_ns"] - off
