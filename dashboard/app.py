@@ -178,6 +178,11 @@ class DashboardData:
             )
 
     @property
+    def has_steps(self) -> bool:
+        """Whether any heat map has a value (a run with no complete step has none)."""
+        return any(np.isfinite(h.to_numpy()).any() for h in self.heat.values())
+
+    @property
     def rank_names(self) -> list[str]:
         """Label of each rank in ``ranks`` for the rank filter."""
         return [f"rank {r} ({self.hosts.get(r, '?')})" for r in self.ranks]
@@ -455,9 +460,7 @@ def _data_of(look: Any, follower: Any) -> DashboardData | None:
             return None
         raise
     data = DashboardData.from_analysis(look.run, a)
-    if not any(np.isfinite(h.to_numpy()).any() for h in data.heat.values()):
-        return None
-    return data
+    return data if data.has_steps else None
 
 
 #: The columns of the analysis's step table the page reads (the rest stays on disk), and the
@@ -500,9 +503,7 @@ def _saved_data(run: Run, spans: int) -> DashboardData | None:
         return None
     log.info("analysis of run %s: saved (%s)", run.run_id, key)
     data = DashboardData.from_analysis(run, a)
-    if not any(np.isfinite(h.to_numpy()).any() for h in data.heat.values()):
-        return None
-    return data
+    return data if data.has_steps else None
 
 
 def _analyze_in_child(run: Run, key: str) -> bool:
@@ -749,6 +750,19 @@ def _check_can_listen(host: str, port: int) -> None:
             raise TraceError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _run_app(app: Dash, host: str, port: int, verbose: bool) -> int:
+    """Serve ``app`` until Ctrl-C (quiet unless ``verbose``: no per-request lines, no second
+    "running on" line); an address that cannot be served is one line."""
+    if not verbose:
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        logging.getLogger("dash.dash").setLevel(logging.WARNING)
+    try:
+        app.run(host=host, port=port, debug=False, dev_tools_ui=False)
+    except OSError as exc:
+        raise TraceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    return 0
+
+
 def saved_or_analyzed(run: Run) -> Any:
     """The analysis of a finished ``run`` with the default options: its saved one
     (:mod:`hvtrace.analysis.saved`), else made here and kept."""
@@ -790,14 +804,7 @@ def serve_compare(
         ),
         flush=True,
     )
-    if not verbose:
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        logging.getLogger("dash.dash").setLevel(logging.WARNING)
-    try:
-        app.run(host=host, port=port, debug=False, dev_tools_ui=False)
-    except OSError as exc:
-        raise TraceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
-    return 0
+    return _run_app(app, host, port, verbose)
 
 
 def serve(
@@ -880,11 +887,4 @@ def serve(
         )
     )
     sys.stdout.flush()
-    if not verbose:  # no per-request lines, no second "running on" line
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        logging.getLogger("dash.dash").setLevel(logging.WARNING)
-    try:
-        app.run(host=host, port=port, debug=False, dev_tools_ui=False)
-    except OSError as exc:
-        raise TraceError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
-    return 0
+    return _run_app(app, host, port, verbose)

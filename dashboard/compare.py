@@ -52,16 +52,8 @@ def parts_figure(d: RunDiff) -> go.Figure:
         hovertemplate="%{y}: %{x:.2f} ms in B (change %{text}; 95% interval "
         "%{customdata[0]:+.2f} .. %{customdata[1]:+.2f})<extra>B</extra>",
     )
-    fig.update_layout(
-        barmode="group",
-        title="Where it went: mean ms per rank and step (the changes add up to the total)",
-        height=120 + 44 * len(parts),
-        margin={"l": 90, "r": 90, "t": 50, "b": 40},
-        yaxis={"autorange": "reversed"},
-        xaxis={"title": "ms"},
-        template="plotly_white",
-    )
-    return fig
+    title = "Where it went: mean ms per rank and step (the changes add up to the total)"
+    return _bars(fig, title, 120 + 44 * len(parts), left=90, right=90)
 
 
 def tensors_figure(d: RunDiff, limit: int = PAGE_TENSORS) -> go.Figure:
@@ -73,12 +65,17 @@ def tensors_figure(d: RunDiff, limit: int = PAGE_TENSORS) -> go.Figure:
     fig = go.Figure()
     fig.add_bar(y=names, x=t["time_a_ms"], name="A", orientation="h", marker_color=_A)
     fig.add_bar(y=names, x=t["time_b_ms"], name="B", orientation="h", marker_color=_B)
+    title = f"Allreduce per tensor, median ms ({len(t)} of {len(d.tensors)}, largest change first)"
+    return _bars(fig, title, 120 + 36 * len(names), left=220, right=40)
+
+
+def _bars(fig: go.Figure, title: str, height: int, left: int, right: int) -> go.Figure:
+    """The layout both A-vs-B bar charts share: grouped, rows top down, ms across."""
     fig.update_layout(
         barmode="group",
-        title=f"Allreduce per tensor, median ms ({len(t)} of {len(d.tensors)}, largest change "
-        "first)",
-        height=120 + 36 * len(names),
-        margin={"l": 220, "r": 40, "t": 50, "b": 40},
+        title=title,
+        height=height,
+        margin={"l": left, "r": right, "t": 50, "b": 40},
         yaxis={"autorange": "reversed"},
         xaxis={"title": "ms"},
         template="plotly_white",

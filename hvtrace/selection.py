@@ -118,15 +118,18 @@ def parse_ranks(text: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
+    """The distinct ranks as runs of consecutive ones, ``(first, last)`` each, in order."""
+    rs = sorted(set(int(r) for r in ranks))
+    out: list[tuple[int, int]] = []
+    for r in rs:
+        if out and r == out[-1][1] + 1:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))
+    return out
+
+
 def format_ranks(ranks: Iterable[int]) -> str:
     """Return ranks as a compact list: ``0,3,5-7``."""
-    rs = sorted(set(int(r) for r in ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in rank_runs(ranks))

@@ -29,7 +29,7 @@ from typing import Any, Final
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.format.schema import BATCH_NAME, LR_PREFIX
 from hvtrace.load import RankSource, span_relation
-from hvtrace.selection import StepRange
+from hvtrace.selection import StepRange, rank_runs
 from hvtrace.units import printable
 
 #: Checked steps listed in :func:`batch_check`'s result, at most.
@@ -444,15 +444,10 @@ def _lr_groups(got: list[tuple], size: int, rank: int) -> dict[str, Any]:
 
 def rank_words(ranks: Sequence[int]) -> str:
     """``0-3`` for consecutive ranks, ``0, 2, 4`` otherwise (ranges within a list: ``0-3, 8``)."""
-    rs = sorted(int(r) for r in ranks)
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(f"{rs[i]}-{rs[j]}" if j - i >= 2 else ", ".join(map(str, rs[i : j + 1])))
-        i = j + 1
+    parts = [
+        f"{a}-{b}" if b - a >= 2 else ", ".join(map(str, range(a, b + 1)))
+        for a, b in rank_runs(ranks)
+    ]
     return ", ".join(parts)
 
 

@@ -587,11 +587,11 @@ class _Chunks:
             finally:
                 con.unregister("hv_part")
         if self.steps is not None:  # the time origin is the run's, before the steps cut
-            t_all = self._first_start(run, con)
+            t_all, lo, hi = self._run_bounds(run, con)
             if t0 is None:
                 if t_all is None:
                     raise TraceError("nothing to export: the run has no spans")
-                raise _no_steps(self.steps, self._step_bounds(run, con))
+                raise _no_steps(self.steps, (lo, hi))
             t0 = t_all if t_all is not None else t0
         if t0 is None:
             raise TraceError("nothing to export: the run has no spans")
@@ -599,32 +599,24 @@ class _Chunks:
         return t0, u, step0
 
     @staticmethod
-    def _first_start(run: Run, con: Any) -> int | None:
-        """The earliest span of the whole run (not a clock row), on rank 0's clock."""
+    def _run_bounds(run: Run, con: Any) -> tuple[int | None, int, int]:
+        """The whole run's earliest span start (on rank 0's clock; None: no span) and its first
+        and last step, clock rows left out: one pass over every rank."""
         from hvtrace.analysis.engine import span_tables
 
-        t0 = None
+        t0 = lo = hi = None
         for table in span_tables(span_sources(run), None, con):
-            kind = pc.cast(table.column("kind"), pa.string())
-            start = pc.filter(table.column("start_ns"), pc.not_equal(kind, "clock"))
-            if len(start):
-                first = int(pc.min(start).as_py())
-                t0 = first if t0 is None else min(t0, first)
-        return t0
-
-    @staticmethod
-    def _step_bounds(run: Run, con: Any) -> tuple[int, int]:
-        from hvtrace.analysis.engine import span_tables
-
-        lo, hi = None, None
-        for table in span_tables(span_sources(run), None, con):
-            kind = pc.cast(table.column("kind"), pa.string())
-            step = pc.filter(table.column("step"), pc.not_equal(kind, "clock"))
-            if len(step):
-                a, b = int(pc.min(step).as_py()), int(pc.max(step).as_py())
-                lo = a if lo is None else min(lo, a)
-                hi = b if hi is None else max(hi, b)
-        return (lo or 0, hi or 0)
+            keep = pc.not_equal(pc.cast(table.column("kind"), pa.string()), "clock")
+            start = pc.filter(table.column("start_ns"), keep)
+            if not len(start):
+                continue
+            step = pc.filter(table.column("step"), keep)
+            first, a, b = (int(pc.min(start).as_py()), int(pc.min(step).as_py()),
+                           int(pc.max(step).as_py()))  # fmt: skip
+            t0 = first if t0 is None else min(t0, first)
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+        return t0, lo or 0, hi or 0
 
     # -- reading back
     def ranges(self) -> list[tuple[int | None, int | None]]:
