@@ -216,6 +216,15 @@ def run_train(
     )
 
 
+def recorded_job(base: Path, steps: int, *train_args: str) -> Path:
+    """Run the demo for ``steps`` steps (``train_args`` include ``--steps``) with its trace in
+    ``base/trace``; check it ran them all and return the trace directory."""
+    trace = base / "trace"
+    proc = run_train(*train_args, "--trace-dir", str(trace), cwd=base)
+    assert f"rank 0: {steps} steps" in proc.stdout, tail(proc.stderr)
+    return trace
+
+
 # -- synthetic trace files ------------------------------------------------------------------------
 def make_header(
     rank: int = 0,

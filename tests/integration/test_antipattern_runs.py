@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import analyze_cli, run_train, tail
+from helpers import analyze_cli, recorded_job
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -39,11 +39,7 @@ THREADS = max(2, CORES)
 
 
 def _job(tmp_path_factory, name: str, *args: str) -> Path:
-    base = tmp_path_factory.mktemp(name)
-    trace = base / "trace"
-    proc = run_train(*COMMON, "--trace-dir", str(trace), *args, cwd=base)
-    assert f"rank 0: {STEPS} steps" in proc.stdout, tail(proc.stderr)
-    return trace
+    return recorded_job(tmp_path_factory.mktemp(name), STEPS, *COMMON, *args)
 
 
 def _kinds(a: object, kind: str) -> list:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import analyze_cli, run_horovodrun, run_train, tail
+from helpers import analyze_cli, recorded_job, run_horovodrun, run_train, tail
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -39,11 +39,7 @@ TENSORS = {f"net.{i}.{k}" for i in (0, 2, 4, 6, 8) for k in ("weight", "bias")}
 
 
 def _job(tmp_path_factory, name: str, *args: str) -> Path:
-    base = tmp_path_factory.mktemp(name)
-    trace = base / "trace"
-    proc = run_train(*COMMON, "--trace-dir", str(trace), *args, cwd=base)
-    assert f"rank 0: {STEPS} steps" in proc.stdout, tail(proc.stderr)
-    return trace
+    return recorded_job(tmp_path_factory.mktemp(name), STEPS, *COMMON, *args)
 
 
 def _divergences(trace: Path) -> tuple[object, dict[str, object]]:
