@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis.lockstep import describe, lone_forwards, sequence_break
 from hvtrace.analysis.steps import PHASES as STEP_PHASES
 from hvtrace.analysis.steps import finish_steps, step_summary
 from hvtrace.analysis.stragglers import (
@@ -35,7 +36,13 @@ from hvtrace.analysis.stragglers import (
     host_contention,
     straggler_table,
 )
-from hvtrace.format.schema import LIVE_ARRIVAL_COL, LIVE_COLS, LIVE_PHASES
+from hvtrace.format.schema import (
+    LIVE_ARRIVAL_COL,
+    LIVE_COLS,
+    LIVE_COUNT_COL,
+    LIVE_COUNTS,
+    LIVE_PHASES,
+)
 from hvtrace.format.tensorboard import Points, add_points, step_points, summary_writer
 
 N_COLS = LIVE_COLS
@@ -56,6 +63,8 @@ def step_frame(gathered: np.ndarray, size: int) -> Any:
         cols[f"{p}_ns"] = per[:, :, 1 + 3 * j].ravel()
         cols[f"{p}_cpu_ns"] = per[:, :, 2 + 3 * j].ravel()
         cols[f"{p}_runq_ns"] = per[:, :, 3 + 3 * j].ravel()
+    for j, c in enumerate(LIVE_COUNTS):
+        cols[c] = per[:, :, LIVE_COUNT_COL + j].ravel()
     df = pd.DataFrame(cols)
     df = df[np.isfinite(df["step"]) & np.isfinite(df["step_ns"])].copy()
     df["step"] = df["step"].astype(np.int64)
@@ -76,7 +85,58 @@ def step_frame(gathered: np.ndarray, size: int) -> Any:
     return finish_steps(df.reset_index(drop=True), size)
 
 
-def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dict[str, Any]]:
+#: The columns of the counts matrix (:data:`hvtrace.record.live.COUNTS_COLS`: taken from the
+#: window matrix), in order.
+COUNTS_FRAME_COLS = ("step", "backward_ns", "compute_ns", *LIVE_COUNTS)
+
+
+def counts_frame(counts: np.ndarray, size: int) -> pd.DataFrame:
+    """The step table's lockstep columns (``rank``, :data:`COUNTS_FRAME_COLS`) of a counts
+    matrix: every rank's rows stacked in rank order, the steps a rank recorded (a finite step)."""
+    per = counts.reshape(size, -1, len(COUNTS_FRAME_COLS))
+    df = pd.DataFrame({"rank": np.repeat(np.arange(size), per.shape[1])})
+    for j, c in enumerate(COUNTS_FRAME_COLS):
+        df[c] = per[:, :, j].ravel()
+    df = df[np.isfinite(df["step"])].copy()
+    df["step"] = df["step"].astype(np.int64)
+    df[["backward_ns", "compute_ns"]] = df[["backward_ns", "compute_ns"]].fillna(0)
+    return df.drop_duplicates(["rank", "step"], keep="last").reset_index(drop=True)
+
+
+def lockstep_verdicts(st: pd.DataFrame, size: int) -> list[dict[str, Any]]:
+    """The window's lockstep verdicts, from the counts each rank's matrix carries
+    (:data:`hvtrace.format.schema.LIVE_COUNTS`), decided by the offline check's own rules
+    (:mod:`hvtrace.analysis.lockstep`) on the steps of the window every rank recorded:
+
+    - ``kind`` ``"lockstep"``: the first step whose counts of gradient allreduces or of
+      collectives outside the optimizer differ across ranks (:func:`sequence_break`; its
+      ``message``: :func:`describe`'s);
+    - ``kind`` ``"lone_forward"``: per rank, the steps at which it alone ran a forward with no
+      backward (:func:`lone_forwards`): no break alone, kept by rank 0 to name the optimizer
+      steps a rank skipped if it then stops short (``stopped``, seen by
+      :class:`hvtrace.record.live.LiveMonitor` itself)."""
+    if st.empty or "n_allreduce" not in st.columns:
+        return []
+    st = st[np.isfinite(st["n_allreduce"])]
+    ranks_at = st.groupby("step")["rank"].transform("nunique")
+    st = st.assign(complete=ranks_at == size)
+    if st["rank"].nunique() < 2:
+        return []
+    out: list[dict[str, Any]] = []
+    b = sequence_break(st[st["complete"]])
+    if b is not None:
+        out.append(dict(b, kind="lockstep", rule=b["kind"], message=describe(b)))
+    done = st[st["complete"]]
+    for r in sorted(int(x) for x in done["rank"].unique()):
+        steps = lone_forwards(done, [r])
+        if steps:
+            out.append({"kind": "lone_forward", "rank": r, "steps": steps})
+    return out
+
+
+def verdicts(
+    gathered: np.ndarray, size: int, hosts: dict[int, str], counts: np.ndarray | None = None
+) -> list[dict[str, Any]]:
     """The verdicts of one window, as the offline analysis decides (host-timed thresholds).
 
     Stragglers (one dict per rank named) and hosts short of CPU (``kind`` ``"host"``: as
@@ -86,8 +146,11 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
     may be another rank; the offline analysis, over the whole run, names a rank whose CPU is
     taken away all along (a neighbour pinned to its core). Live, its host is named instead."""
     st = step_frame(gathered, size)
+    lockstep = lockstep_verdicts(
+        st if counts is None or not len(counts) else counts_frame(counts, size), size
+    )
     if st.empty:
-        return []
+        return lockstep
     cfg = StragglerConfig.for_timing("host_monotonic")
     named = find_stragglers(straggler_table(st, None, hosts, None, 0, cfg))
     med_step_ms = float(st["step_ns"].median()) / 1e6
@@ -128,7 +191,7 @@ def verdicts(gathered: np.ndarray, size: int, hosts: dict[int, str]) -> list[dic
                 "step_share": round(late / med_step_ms, 4) if med_step_ms > 0 else None,
             }
         )
-    return out + list(contended.values())
+    return out + list(contended.values()) + lockstep
 
 
 def window_points(gathered: np.ndarray, size: int, after_step: int | None = None) -> Points:
@@ -202,11 +265,14 @@ def main() -> int:
         meta = json.loads(head)
         rows, cols = int(meta["rows"]), int(meta["cols"])
         data = inp.read(rows * cols * 8)
+        n_counts = int(meta.get("count_rows", 0))
+        counts = np.frombuffer(inp.read(n_counts * len(COUNTS_FRAME_COLS) * 8), dtype=np.float64)
+        counts = counts.reshape(n_counts, len(COUNTS_FRAME_COLS))
         gathered = np.frombuffer(data, dtype=np.float64).reshape(rows, cols)
         hosts = {int(k): str(v) for k, v in meta.get("hosts", {}).items()}
         try:
             size = int(meta["size"])
-            res: dict[str, Any] = {"verdicts": verdicts(gathered, size, hosts)}
+            res: dict[str, Any] = {"verdicts": verdicts(gathered, size, hosts, counts)}
             res["figures"] = figures.points(gathered, size, bool(meta.get("figures")))
         except _FiguresFailed:
             res["figures"] = []  # the verdicts stand; the figures are off from now on

@@ -60,7 +60,7 @@ def lockstep_breaks(
     if st["rank"].nunique() < 2:
         return []
     out = _stopped(st, partials)
-    seq = _sequence(st)
+    seq = sequence_break(st)
     if seq is not None:
         out.append(seq)
     return sorted(out, key=lambda b: b["step"])
@@ -100,18 +100,32 @@ def _skipped_steps(st: pd.DataFrame, ranks: list[int], short: int) -> list[int]:
     """The earliest ``short`` steps at which every rank of ``ranks`` ran a forward pass without
     a backward and no other rank did (a skipped batch: its forward, then no backward and no
     optimizer step); [] when the step table lacks the counts or no such step explains it."""
-    if "n_forward" not in st.columns or "n_backward" not in st.columns or short < 1:
+    if short < 1:
+        return []
+    found = lone_forwards(st, ranks)
+    return found if len(found) <= short else []
+
+
+def lone_forwards(st: pd.DataFrame, ranks: list[int]) -> list[int]:
+    """The steps at which every rank of ``ranks`` ran a forward pass without a backward and no
+    other rank of ``st`` did, in order ([] where the step table lacks the counts). Alone no
+    break (a rank may run an extra forward with gradients on, as for a metric): with the steps
+    the rank then lacks, the optimizer steps it skipped (:func:`lockstep_breaks`, and live
+    detection's ``stopped``)."""
+    if "n_forward" not in st.columns or "n_backward" not in st.columns:
         return []
     extra = st["n_forward"].fillna(0) > st["n_backward"].fillna(0)
     mine = st["rank"].isin(ranks)
     theirs = set(st.loc[extra & ~mine, "step"].astype(int))
     steps = st.loc[extra & mine].groupby("step")["rank"].nunique()
-    found = [int(s) for s, k in steps.items() if k == len(ranks) and int(s) not in theirs]
-    return sorted(found)[:short] if len(found) <= short else []
+    return sorted(int(s) for s, k in steps.items() if k == len(ranks) and int(s) not in theirs)
 
 
-def _sequence(st: pd.DataFrame) -> dict[str, Any] | None:
-    """The first step, recorded whole by every judged rank, whose counts differ across ranks."""
+def sequence_break(st: pd.DataFrame) -> dict[str, Any] | None:
+    """The first step, recorded whole by every judged rank (``complete``), whose counts
+    (:data:`COUNTS`) differ across ranks: the ``sequence`` break of :func:`lockstep_breaks`, or
+    None. Live detection decides a window's the same way (:func:`hvtrace.analysis.live.
+    verdicts`), on the counts each rank's window matrix carries."""
     done = st[st["complete"]]
     if done.empty:
         return None
@@ -213,4 +227,4 @@ def describe(b: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["COUNTS", "describe", "lockstep_breaks"]
+__all__ = ["COUNTS", "describe", "lockstep_breaks", "lone_forwards", "sequence_break"]

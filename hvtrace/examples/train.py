@@ -219,6 +219,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the others never issue it, so every rank hangs)",
     )
     p.add_argument(
+        "--late-metric-rank",
+        type=int,
+        default=None,
+        help="every rank averages a metric with hvd.allreduce_async after --stop-step and waits "
+        "for it two steps later; this rank issues it a step late (a collective issued at "
+        "another step on one rank: the ranks' collectives per step differ, and nothing hangs)",
+    )
+    p.add_argument(
         "--skip-allreduce-rank",
         type=int,
         default=None,
@@ -492,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
                 state = {"step": i, "lr": args.lr, "payload": list(range(1000))}
                 got = hvd.broadcast_object(state if rank == 0 else None, 0, name="config")
                 assert got["step"] == i
+            if args.late_metric_rank is not None:
+                late = int(rank == args.late_metric_rank)
+                if i == args.stop_step + late:
+                    late_metric = hvd.allreduce_async(loss.detach(), name="metric.late")
+                if i == args.stop_step + 2:
+                    hvd.synchronize(late_metric)
             if rank == args.lone_allreduce_rank and i == args.stop_step:
                 hvd.allreduce(loss.detach(), name="metric.loss")  # the others never do
             hvtrace.scalar("loss", float(loss.detach()))

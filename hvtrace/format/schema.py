@@ -177,7 +177,13 @@ CHECK_SPAN: Final = "hvtrace.consistency"
 #: Live detection's window matrix (what each rank reduces a window to and rank 0's judge reads,
 #: :mod:`hvtrace.record.live`, :mod:`hvtrace.analysis.live`): one row per step of float64,
 #: the step number, then per phase of :data:`LIVE_PHASES` its ns, CPU ns and run-queue ns, then
-#: the step's arrival (its last gradient enqueued) in ns on rank 0's clock.
+#: the step's arrival (its last gradient enqueued) in ns on rank 0's clock, then the step's counts
+#: :data:`LIVE_COUNTS` (the step table's columns of the same names: the lockstep check's).
 LIVE_PHASES: Final[tuple[str, ...]] = STEP_PHASE_KINDS
-LIVE_COLS: Final = 1 + 3 * len(LIVE_PHASES) + 1
-LIVE_ARRIVAL_COL: Final = LIVE_COLS - 1
+LIVE_ARRIVAL_COL: Final = 1 + 3 * len(LIVE_PHASES)
+#: The counts of a step in the live matrix, from :data:`LIVE_COUNT_COL` on: the optimizer's
+#: allreduces (tensors), the collectives issued outside it (hvtrace's own left out), the forward
+#: and the backward passes.
+LIVE_COUNTS: Final[tuple[str, ...]] = ("n_allreduce", "n_collective", "n_forward", "n_backward")
+LIVE_COUNT_COL: Final = LIVE_ARRIVAL_COL + 1
+LIVE_COLS: Final = LIVE_COUNT_COL + len(LIVE_COUNTS)

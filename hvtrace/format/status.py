@@ -65,6 +65,8 @@ def merge_live(old: Any, new: Any) -> list[dict[str, Any]]:
 
 def live_line(e: dict[str, Any]) -> str:
     """The log line of a live verdict."""
+    if e["event"] == "lockstep":  # ranks out of lockstep: the message says it all
+        return f"hvtrace: {e['message']}"
     steps = f"steps {e['first_step']}-{e['last_step']}"
     if e["event"] == "contended":
         share = e.get("work_share")

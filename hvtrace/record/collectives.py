@@ -191,6 +191,11 @@ def _wrap(orig: Any, fn_name: str, family: str, blocking: bool, how: str) -> Any
             return orig(*args, **kwargs)
         try:
             info = _describe(tr, fn_name, family, how, args, kwargs)
+            live = tr.live
+            if live is not None and not info[4] & FLAG_OWN:  # its count per step (lockstep)
+                live.collectives += 1
+                if family == "join":  # this rank leaves the steps: the last exchange read first
+                    live.before_join()
             t0 = monotonic_ns()
             c0 = _read(tr) if blocking else None
         except Exception as exc:  # noqa: BLE001 - never into the user's code

@@ -126,6 +126,15 @@ class ConsistencyChecks(LrRows):
         self.checks = 0
         self._warned: set[str] = set()
 
+    def ask(self, step: int) -> None:
+        """Fingerprint the parameters at step ``step`` too, off the schedule (live detection asks
+        it after a lockstep break, at the same step on every rank). The compiled step writes
+        the learning rates itself only while the param groups are as many as ``_n_groups``:
+        forgetting it hands the next step to :meth:`on_step`, which counts them again (as for
+        a param group added) and takes the check."""
+        self.asked = int(step)
+        self._n_groups = -1
+
     # -- per step: on_step (the learning-rate rows, hot path) is in hvtrace.record.hot.LrRows ------
 
     def _number(self, lr: Any) -> float | None:

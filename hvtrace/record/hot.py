@@ -395,6 +395,10 @@ class LrRows:
     ConsistencyChecks` is a subclass). C twin: ``ph_lr_rows`` (``_hot/lr_rows.c``), the compiled
     step's own writing of the learning-rate rows in the common case (see :meth:`on_step`)."""
 
+    #: A step at which the parameters are fingerprinted off the schedule (-1: none; set by
+    #: :meth:`hvtrace.record.consistency.ConsistencyChecks.ask`).
+    asked: int = -1
+
     # -- per step (hot path: one float and one row per param group) --------------------------------
     # C twin: ph_lr_rows (its common case; c_step calls this in any other)
     def on_step(self, step: int) -> None:
@@ -425,7 +429,7 @@ class LrRows:
                 rows.append((step, micro, _K_SCALAR, name, t, t, 0, 0, lr, 0))
             if self.pending:
                 self.collect()
-            if self.every and step % self.every == 0:
+            if (self.every and step % self.every == 0) or step == self.asked:
                 self.check_params(step)
         except Exception as exc:  # noqa: BLE001 - never into training
             self.tracer.fail(f"consistency check: {type(exc).__name__}: {exc}")

@@ -35,6 +35,17 @@ Each verdict is also passed to the callbacks registered with :func:`on_straggler
 judge thread, "hvtrace-judge"; an exception in one is logged, never raised), and written into
 rank 0's trace file (batch status key ``live``), so the analysis shows when each was first seen.
 
+Ranks out of lockstep (issue 44): each step's row also carries its counts (gradient allreduces,
+the user's collectives outside the optimizer, forward and backward passes: counted on the live
+thread from the step's entries, the collectives by :mod:`hvtrace.record.collectives` with one
+increment each), which rank 0's judge compares with the offline check's rule
+(:func:`hvtrace.analysis.live.lockstep_verdicts`); and each exchange has a presence allreduce
+beside its allgather (:meth:`LiveMonitor._gather`), read by the training thread a chunk of steps
+later, at the same step on every rank (:meth:`LiveMonitor._read_here`): a rank that joined is
+absent there (it takes no part in an allgather but counts as zeros in an allreduce), and rank 0
+asks there for a parameter fingerprint at the next step on every rank after a break. Each break
+is an event ``lockstep`` (logged once, passed to the callbacks, kept in the trace).
+
 Only host-timed runs (CPU): with CUDA timers the durations are device events that cannot be
 read without synchronizing, and live detection is off (documented, not run on a GPU).
 """
@@ -52,7 +63,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from hvtrace.format.schema import KIND_CODE, LIVE_ARRIVAL_COL, LIVE_COLS, LIVE_PHASES
+from hvtrace.format.schema import (
+    KIND_CODE,
+    LIVE_ARRIVAL_COL,
+    LIVE_COLS,
+    LIVE_COUNT_COL,
+    LIVE_PHASES,
+)
 from hvtrace.format.status import live_line
 from hvtrace.record.cpustat import deltas_columns
 from hvtrace.record.rows import CPU_END, CPU_START, UNREAD, Allreduces
@@ -64,6 +81,9 @@ PHASES: Final[tuple[str, ...]] = LIVE_PHASES
 _CODE = {KIND_CODE[p]: i for i, p in enumerate(PHASES)}
 N_COLS: Final = LIVE_COLS
 _ARRIVAL = LIVE_ARRIVAL_COL
+_COUNT = LIVE_COUNT_COL
+_K_FORWARD = KIND_CODE["forward"]
+_K_BACKWARD = KIND_CODE["backward"]
 
 #: A rank is logged late once named in this many windows in a row, and recovered once not
 #: named in as many (one window of a few dozen steps can name a rank by chance on a busy host).
@@ -79,6 +99,10 @@ _callbacks: list[Callable[[dict[str, Any]], Any]] = []
 def on_straggler(callback: Callable[[dict[str, Any]], Any]) -> None:
     """Call ``callback(verdict)`` on rank 0 when live detection names a straggler or sees one
     recover (off the training thread; exceptions are logged, never raised into training).
+
+    A lockstep break is an event ``"lockstep"`` (``kind`` ``"stopped"`` or ``"sequence"``,
+    ``rank``, ``ranks``, ``others``, ``message``; see :mod:`hvtrace.record.live`), on the rank
+    that saw it (rank 0, or the lowest rank still training when rank 0 stopped).
 
     ``verdict``: a dict with ``event`` (``"late"``; ``"changed"`` when a logged rank's phase,
     cause or size changed for :data:`PERSIST_WINDOWS` windows; ``"recovered"``), ``rank``,
@@ -96,6 +120,10 @@ def on_straggler(callback: Callable[[dict[str, Any]], Any]) -> None:
 def step_matrix(window: list[list], offset_ns: int) -> np.ndarray:
     """Reduce a window's per-step entry lists (what the tracer hands the recorder each step) to
     one row per step: see :data:`N_COLS`. Times on rank 0's clock (``local - offset_ns``).
+    A step's entry list may come as ``(entries, n)``: ``n`` collectives issued outside the
+    optimizer in the step (:meth:`LiveMonitor.on_step`). A step with entries gets its counts
+    (:data:`hvtrace.format.schema.LIVE_COUNTS`: allreduced tensors, those collectives, forward and
+    backward passes); a step without (not recorded) none: NaN, like its times.
 
     Runs on the live thread, holding the GIL the training thread needs: one pass of plain
     Python over the entries picks the phase rows; their durations and counters (the writer's
@@ -108,21 +136,34 @@ def step_matrix(window: list[list], offset_ns: int) -> np.ndarray:
     durations: list[int] = []
     readings: list[tuple[Any, Any]] = []
     for i, rows in enumerate(window):
+        n_coll = 0
+        if type(rows) is tuple:
+            rows, n_coll = rows
         arrival = -1
+        n_ar = n_fwd = n_bwd = 0
         for e in rows:
             if type(e) is tuple:
                 j = code.get(e[2])
                 if j is None:
                     continue
+                if e[2] == _K_FORWARD:
+                    n_fwd += 1
+                elif e[2] == _K_BACKWARD:
+                    n_bwd += 1
                 steps.append(i)
                 cols.append(1 + 3 * j)
                 durations.append(e[5] - e[4])
                 readings.append((e[CPU_START], e[CPU_END]) if len(e) > CPU_START else UNREAD)
                 out[i, 0] = e[0]
             elif isinstance(e, Allreduces):
-                for t, _key, _h in e.enqueued:
+                meta = e.meta
+                for t, key, _h in e.enqueued:
                     if type(t) is int and t > arrival:
                         arrival = t
+                    m = meta.get(key)
+                    n_ar += len(m[0]) if m is not None else 1
+        if rows:
+            out[i, _COUNT : _COUNT + 4] = (n_ar, n_coll, n_fwd, n_bwd)
         if arrival >= 0:
             out[i, _ARRIVAL] = arrival - offset_ns
     if steps:
@@ -164,7 +205,7 @@ CHUNK_MAX_STEPS: Final = 100
 CHUNK_S: Final = 0.05
 
 #: Steps per window at most, however short the steps (the gathered window of every rank is
-#: sent to every rank: 184 bytes a step and rank).
+#: sent to every rank: 216 bytes a step and rank).
 MAX_WINDOW_STEPS: Final = 2000
 
 #: After the first windows (1, 2, 4, ...), the windows' length is agreed again every this many.
@@ -237,6 +278,12 @@ WAIT_MAX_S: Final = 0.01
 GATHER_WAIT_S: Final = 0.2
 
 
+#: At :meth:`LiveMonitor.close`, how long the last exchange's presence is waited for, at most (it
+#: completes once every rank issued it, at the same step: a rank that closes first waits for the
+#: others' last step at most, or gives up).
+CLOSE_WAIT_S: Final = 0.5
+
+
 def _release(mpi_ops: Any, handle: Any) -> bool:
     """Release a gathered window nobody takes, if Horovod is done with it; whether it was."""
     try:
@@ -255,6 +302,25 @@ class LiveMonitor:
     :data:`CHUNK_STEPS` steps a queue put of those steps' entries, which the live thread reduces
     to rows of the window's matrix; every ``every`` steps a put that has the window exchanged).
     """
+
+    #: Collectives the user issued outside the optimizer since the last step
+    #: (:mod:`hvtrace.record.collectives` counts them here; hvtrace's own not).
+    collectives: int = 0
+    #: The last exchange's presence allreduce (see :meth:`_gather`), read by the training thread
+    #: ``_here_in`` steps after it was issued (:meth:`_read_here`): its handle, and the steps
+    #: taken when it was issued; ``_here_steps``: the steps taken at the last exchange every rank
+    #: took part in (None: none yet).
+    _here: tuple[Any, int] | None = None
+    _here_in: int = 0
+    _here_steps: int | None = None
+    #: Rank 0: a lockstep break was logged, and a parameter check is to be asked of every rank
+    #: with the next exchange (see :meth:`_gather`).
+    _want_check: bool = False
+    #: A lockstep break was logged (one line per run: the first break).
+    lockstep_logged: bool = False
+    #: The steps at which parameter checks were asked after a break (the same on every rank).
+    checks_asked: tuple[int, ...] = ()
+    _counts: list[np.ndarray] | None = None
 
     def __init__(
         self,
@@ -321,6 +387,10 @@ class LiveMonitor:
         self.host_streak: dict[str, int] = {}
         self.host_clear: dict[str, int] = {}
         self.recent: deque[tuple[np.ndarray, int]] = deque()  # see _decided_on
+        #: per rank, the steps at which it alone ran a forward with no backward (see _lockstep)
+        self.lone_forwards: dict[int, list[int]] = {}
+        #: the counts of the windows gathered since the judge last took them (see _take_counts)
+        self._counts: list[np.ndarray] | None = []
 
     def on_step(self, rows: list) -> None:
         """Hot path: keep a reference to the step's entries; hand them over every
@@ -334,6 +404,10 @@ class LiveMonitor:
         full = self.in_window >= self.length
         if not self._stopped:
             window = self.window
+            n = self.collectives
+            if n:
+                self.collectives = 0
+                rows = (rows, n)
             window.append(rows)
             if full or len(window) >= self.chunk_steps:
                 self.window = []
@@ -361,6 +435,10 @@ class LiveMonitor:
             self._due_in -= 1
             if self._due_in <= 0:
                 self._gather(self._due)
+        if self._here is not None:
+            self._here_in -= 1
+            if self._here_in <= 0:
+                self._read_here()
 
     def _agree_length(self) -> None:
         """Lengthen the windows of short steps to ``window_s`` seconds (the judge's fixed cost,
@@ -417,7 +495,26 @@ class LiveMonitor:
                     del self._matrices[old]
         if matrix is None:
             matrix = np.full((self.prev_steps, N_COLS), np.nan)
+        if self._here is not None:  # (a window shorter than the presence's lag)
+            self._read_here()
+            if self._closed:
+                return
         try:
+            size, rank = mpi_ops.size(), mpi_ops.rank()
+            here = np.zeros(size + 1)
+            here[rank] = 1.0
+            if self._want_check:
+                here[size] = 1.0
+                self._want_check = False
+            self._here = (
+                mpi_ops.allreduce_async(
+                    torch.from_numpy(here),
+                    name=f"hvtrace.live.{self.index}.{k}.here",
+                    op=mpi_ops.Sum,
+                ),
+                int(self.tracer.steps_done),
+            )
+            self._here_in = self.chunk_steps
             handle = mpi_ops.allgather_async(
                 torch.from_numpy(matrix), name=f"hvtrace.live.{self.index}.{k}"
             )
@@ -435,10 +532,122 @@ class LiveMonitor:
         """Stop: the live thread starts no exchange after this and ends (an exchange already in
         progress completes on every rank, which all hand over the same windows), and
         :meth:`on_step` does nothing more (every rank closes at the same point: its finish, an
-        elastic reset, or a failed agreement, which fails on every rank)."""
+        elastic reset, or a failed agreement, which fails on every rank). The last exchange's
+        presence is read first where Horovod has it within :data:`CLOSE_WAIT_S` (a rank that
+        stopped short and joined is named then: the job's end may be the first exchange it
+        missed)."""
+        if self._here is not None and not self._closed:
+            self._read_here(wait_s=CLOSE_WAIT_S)
         self._closed = True
         self._stopped = True
         self._q.put(None)
+
+    def before_join(self) -> None:
+        """Training thread, as this rank calls ``hvd.join()``: read the last exchange's presence
+        (waiting :data:`CLOSE_WAIT_S` at most), while Horovod still runs (once every rank has
+        joined, one may end the job and Horovod with it): a rank that joined before this one's
+        last exchange is named here. Never raises."""
+        try:
+            if self._here is not None and not self._closed:
+                self._read_here(wait_s=CLOSE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - never into training
+            log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+
+    def _read_here(self, wait_s: float | None = None) -> None:
+        """Training thread, ``chunk_steps`` steps after an exchange (or before the next one, or
+        at close, waiting ``wait_s`` at most): read its presence allreduce (see :meth:`_gather`),
+        the same result on every rank that took part, read at the same step.
+
+        A rank that has joined (``hvd.join()``) takes no part in an allgather (Horovod fails it
+        on the others: "Allgather is not supported with Join") but is counted in an allreduce
+        as zeros: absent from the presence, it stopped taking the steps the others still take.
+        Then the lowest rank present names it (:meth:`_stopped_ranks`) and every rank present
+        closes live detection here, at the same step (no more exchanges). Else, where rank 0
+        asked for it (a lockstep break its judge saw), every rank takes a parameter check at its
+        next step (:meth:`_ask_check`)."""
+        from horovod.torch import mpi_ops
+
+        assert self._here is not None
+        handle, steps = self._here
+        self._here = None
+        try:
+            if wait_s is not None:
+                end = time.monotonic() + wait_s
+                while not mpi_ops.poll(handle):
+                    if time.monotonic() > end:  # released when done, or never
+                        with self._cond:
+                            self._orphans.append(handle)
+                        return
+                    time.sleep(0.002)
+            got = mpi_ops.synchronize(handle).numpy()
+        except Exception as exc:  # noqa: BLE001 - never into training
+            log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+            if not self._closed:
+                self.close()
+            return
+        size = len(got) - 1
+        absent = [r for r in range(size) if got[r] < 0.5]
+        if not absent:
+            self._here_steps = steps
+            if got[size] >= 0.5:
+                self._ask_check()
+            return
+        present = [r for r in range(size) if r not in absent]
+        if present and mpi_ops.rank() == present[0]:
+            self._stopped_ranks(absent, present, steps)
+        if not self._closed:
+            self.close()
+
+    def _ask_check(self) -> None:
+        """Have the consistency checks fingerprint the parameters at this rank's next step (the
+        same step on every rank: see :meth:`_read_here`)."""
+        tr = self.tracer
+        checks = getattr(tr, "checks", None)
+        step = int(tr.rec.step)
+        self.checks_asked = (*self.checks_asked, step)
+        if checks is not None and hasattr(checks, "ask"):
+            checks.ask(step)
+
+    def _stopped_ranks(self, absent: list[int], present: list[int], steps: int) -> None:
+        """Name the ranks that joined while the others took steps (``steps``: the steps this
+        rank had taken at the exchange they missed), with the optimizer steps they skipped where
+        rank 0's judge saw them alone run a forward with no backward (the offline rule's
+        ``skipped_steps``, :func:`hvtrace.analysis.lockstep.lone_forwards`), on a thread of its
+        own (the callbacks run off the training thread)."""
+        lo = self._here_steps
+        lone = self.lone_forwards  # (rank 0's judge keeps them)
+        known = [sorted(lone.get(r, ())) for r in absent]
+        skipped = known[0] if all(k == known[0] for k in known) else []
+        e: dict[str, Any] = {
+            "event": "lockstep",
+            "kind": "stopped",
+            "rank": absent[0],
+            "ranks": absent,
+            "others": present,
+            "host": self.hosts.get(absent[0], "?"),
+            # its last step: at least the last exchange's, before the one it missed
+            "first_step": None if lo is None else lo - 1,
+            "last_step": steps - 1,
+            "joined": True,
+            "skipped_steps": skipped,
+        }
+        e["message"] = stopped_message(e)
+        self.lockstep_logged = True
+        threading.Thread(target=self._emit, args=([e],), name="hvtrace-judge", daemon=True).start()
+
+    def _emit(self, events: list[dict[str, Any]]) -> None:
+        """Log each event, write it into this rank's trace and pass it to the callbacks."""
+        for e in events:
+            log.warning("%s", live_line(e))
+            rec = self.tracer.rec
+            if rec.enabled:
+                rec.live_events.append(e)
+            for cb in list(_callbacks):
+                try:
+                    cb(dict(e))
+                except Exception as exc:  # noqa: BLE001 - the user's callback
+                    log.warning("hvtrace: on_straggler callback failed: %s: %s",
+                                type(exc).__name__, exc)  # fmt: skip
 
     # -- the live thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -479,7 +688,10 @@ class LiveMonitor:
                     _k, handle = pending.popleft()
                     self._gathered(mpi_ops, mpi_ops.synchronize(handle).numpy())
             except Exception as exc:  # noqa: BLE001 - never into training
-                log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
+                if "Join" in str(exc):  # a rank joined: the presence names it (_read_here)
+                    log.info("hvtrace: live window exchange ended: %s", exc)
+                else:
+                    log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
                 self._stopped = True  # on_step hands nothing more over
                 with self._cond:
                     self._cond.notify_all()
@@ -535,7 +747,27 @@ class LiveMonitor:
         first steps, its start cost rank 0 about 17 ms of run-queue wait per step of a short
         job pinned to one core per rank (tests/integration/test_causes.py failed so)."""
         q = self._judge_q if self._judge_q is not None else self._start_judge_thread()
+        per = gathered.reshape(size, -1, gathered.shape[1])[:, :, COUNTS_COLS]
+        with _COUNTS_LOCK:  # every window's counts, even those the judge skips (see _take_counts)
+            if self._counts is None:
+                self._counts = []
+            counts = self._counts
+            if counts and counts[0].shape[0] != size:
+                counts.clear()  # the world changed size (elastic)
+            counts.append(per)
+            del counts[:-MAX_COUNT_WINDOWS]
         self._skipped_put(q, (gathered, size))
+
+    def _take_counts(self) -> np.ndarray | None:
+        """The counts (:data:`COUNTS_COLS`) of every window gathered since the judge last took
+        them, stacked in rank order: the lockstep check sees every window, even where the judge
+        fell behind and judges only the newest (a break happens once)."""
+        with _COUNTS_LOCK:
+            counts, self._counts = self._counts or [], []
+        if not counts:
+            return None
+        both = np.concatenate(counts, axis=1)
+        return both.reshape(-1, both.shape[2])
 
     def _skipped_put(self, q: queue.Queue, item: Any) -> None:
         """Put ``item``; where :data:`JUDGE_BACKLOG` windows already wait, the oldest is dropped
@@ -568,7 +800,9 @@ class LiveMonitor:
                 self._close_judge_proc()
                 return
 
-    def _ask_judge(self, gathered: np.ndarray, size: int) -> list[dict[str, Any]]:
+    def _ask_judge(
+        self, gathered: np.ndarray, size: int, counts: np.ndarray | None = None
+    ) -> list[dict[str, Any]]:
         """The window's verdicts from the judge process (started on first use; see
         :mod:`hvtrace.analysis.live`): the pandas work never holds this process's GIL."""
         import json
@@ -583,7 +817,11 @@ class LiveMonitor:
             "cols": g.shape[1],
             "figures": bool(_figure_listeners),
         }
-        p.stdin.write(json.dumps(meta).encode() + b"\n" + g.tobytes())
+        c = np.ascontiguousarray(
+            counts if counts is not None else np.empty((0, len(COUNTS_COLS))), dtype=np.float64
+        )
+        meta["count_rows"] = c.shape[0]
+        p.stdin.write(json.dumps(meta).encode() + b"\n" + g.tobytes() + c.tobytes())
         p.stdin.flush()
         reply = p.stdout.readline()
         if not reply:
@@ -642,7 +880,7 @@ class LiveMonitor:
         then ``uncontended``."""
         gathered = self._decided_on(gathered, size)
         found = (
-            self._ask_judge(gathered, size)
+            self._ask_judge(gathered, size, self._take_counts())
             if self.judge is None
             else self.judge(gathered, size, self.hosts)
         )
@@ -679,17 +917,81 @@ class LiveMonitor:
         for h in [h for h in self.contended if self.host_clear.get(h, 0) >= PERSIST_WINDOWS]:
             v = self.contended.pop(h)
             events.append(dict(v, event="uncontended", rank=None, first_step=first, last_step=last))
-        for e in events:
-            log.warning("%s", live_line(e))
-            rec = self.tracer.rec
-            if rec.enabled:
-                rec.live_events.append(e)
-            for cb in list(_callbacks):
-                try:
-                    cb(dict(e))
-                except Exception as exc:  # noqa: BLE001 - the user's callback
-                    log.warning("hvtrace: on_straggler callback failed: %s: %s",
-                                type(exc).__name__, exc)  # fmt: skip
+        events += self._lockstep(found, first, last)
+        self._emit(events)
+
+    def _lockstep(
+        self, found: list[dict[str, Any]], first: int | None, last: int | None
+    ) -> list[dict[str, Any]]:
+        """The window's lockstep verdicts (:func:`hvtrace.analysis.live.lockstep_verdicts`): the
+        first break is an event (once per run), and a parameter check is asked of every rank
+        with the next exchange; the steps a rank alone ran a forward with no backward are kept
+        (at most :data:`MAX_LONE_FORWARDS` per rank), to name the steps it skipped if it stops
+        short."""
+        for v in found:
+            if v.get("kind") == "lone_forward":
+                seen = self.lone_forwards.setdefault(int(v["rank"]), [])
+                seen.extend(s for s in v["steps"] if s not in seen)
+                del seen[MAX_LONE_FORWARDS:]
+        lock = [v for v in found if v.get("kind") == "lockstep"]
+        if not lock or self.lockstep_logged:
+            return []
+        self.lockstep_logged = True
+        self._want_check = True
+        b = lock[0]
+        return [
+            dict(b, event="lockstep", kind=b.get("rule", "sequence"), rank=b["ranks"][0],
+                 host=self.hosts.get(b["ranks"][0], "?"), first_step=first, last_step=last)
+        ]  # fmt: skip
+
+
+#: The columns of a window's matrix the lockstep check reads (:func:`hvtrace.analysis.live.
+#: counts_frame`): the step, backward and compute time, and the counts.
+COUNTS_COLS: Final[list[int]] = [
+    0,
+    1 + 3 * PHASES.index("backward"),
+    1 + 3 * PHASES.index("compute"),
+    *range(LIVE_COUNT_COL, LIVE_COLS),
+]
+#: Windows whose counts wait for the judge, at most (the oldest are dropped).
+MAX_COUNT_WINDOWS: Final = 64
+_COUNTS_LOCK = threading.Lock()
+
+#: Steps kept per rank at which it alone ran a forward with no backward (rank 0's judge).
+MAX_LONE_FORWARDS: Final = 64
+
+
+def stopped_message(e: dict[str, Any]) -> str:
+    """The log line's message for ranks seen stopped and joined (:meth:`LiveMonitor.
+    _stopped_ranks`), worded as the offline finding's (:func:`hvtrace.analysis.lockstep.
+    describe`)."""
+
+    def ranks(rs: list[int]) -> str:
+        return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+    who, others = ranks(e["ranks"]), ranks(e["others"])
+    lo, hi = e.get("first_step"), e["last_step"]
+    when = f"before step {hi}" if lo is None else f"after step {lo} and before step {hi}"
+    skipped = e.get("skipped_steps") or []
+    if skipped:
+        at = ", ".join(str(s) for s in skipped)
+        head = (
+            f"ranks out of lockstep: {who} skipped an optimizer step at step {at} (a forward pass "
+            f"with no backward and no update, where {others} took the step), so from then on its "
+            f"allreduces paired with those of {others} a step ahead, and it stopped {when} and "
+            f"joined (hvd.join) while {others} went on"
+        )
+    else:
+        head = (
+            f"ranks out of lockstep: {who} stopped training {when} and joined (hvd.join) while "
+            f"{others} went on"
+        )
+    return (
+        head + ": Horovod counts a joined rank's gradients as zeros, so the averaged gradients "
+        "are divided among ranks that no longer compute, and the ranks end with different "
+        "models. Every rank must take the same steps: decide on every rank from a value reduced "
+        "across ranks, never on one rank's own view"
+    )
 
 
 def _count_windows(streak: dict[Any, int], clear: dict[Any, int], now: dict[Any, Any]) -> None:

@@ -6,14 +6,21 @@ pattern for uneven data): rank 0 leaves the loop at step 12 (the others train on
 skips its step 12 after the forward (a "bad loss" guard: one optimizer step fewer). Each must be
 named at its rank and step. Quiet: the same job without the fault, and a rank that skips only
 its backward (Horovod allreduces zeros for it: the ranks stay in step).
+
+Live (windows of 5 steps): the same jobs log the break while they run. A rank that joined is
+absent from the next window exchange's presence allreduce, and the lowest rank still training
+names it with the steps between which it stopped; the clean jobs log nothing. A collective
+issued a step late on one rank is named by rank 0's judge at its step, and every rank then
+fingerprints its parameters at the same step, off the schedule.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
-from helpers import run_train
+from helpers import run_train, tail
 
 from hvtrace.analysis import analyze
 from hvtrace.load import load_run
@@ -23,15 +30,31 @@ pytestmark = pytest.mark.horovod
 SMALL = ["--steps", "30", "--width", "128", "--layers", "3", "--batch-size", "32"]
 
 
-def _job(tmp_path_factory, name: str, *args: str) -> Path:
+LIVE = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
+STOPPED = re.compile(
+    r"hvtrace: ranks out of lockstep: rank (\d+) (?:.*)?stopped(?: training)? after step (\d+) "
+    r"and before step (\d+) and joined"
+)
+_stderr: dict[Path, str] = {}
+
+
+def _job(tmp_path_factory, name: str, *args: str, steps: list[str] = SMALL) -> Path:
     d = tmp_path_factory.mktemp(name)
-    run_train(*SMALL, "--trace-dir", d / "trace", "--stop-step", "12", *args, cwd=d)
+    proc = run_train(
+        *steps, "--trace-dir", d / "trace", "--stop-step", "12", *args, cwd=d, env=LIVE
+    )
+    _stderr[d / "trace"] = proc.stderr
     return d / "trace"
 
 
 def _lockstep(trace: Path) -> tuple[list[dict], list]:
     a = analyze(load_run(trace))
     return a.lockstep, [f for f in a.findings if f.kind == "lockstep"]
+
+
+def _live_stopped(trace: Path) -> list[tuple[int, int, int]]:
+    """The live lines naming a rank that stopped and joined: (rank, after step, before step)."""
+    return [tuple(map(int, m.groups())) for m in STOPPED.finditer(_stderr[trace])]
 
 
 def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(tmp_path_factory) -> None:
@@ -44,6 +67,20 @@ def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(tmp_path_factory
     assert "rank 0 stopped training after step 11 while rank 1 went on to step 29" in (
         findings[0].message
     )
+
+
+def test_a_rank_that_stops_early_and_joins_is_named_live_by_the_rank_going_on(
+    tmp_path_factory,
+) -> None:
+    """Rank 0 (the judge) joined after step 11: rank 1, the lowest rank still training, names
+    it once, between the last exchange rank 0 took part in and the first it missed, and writes
+    it into its own trace."""
+    trace = _job(tmp_path_factory, "early_live", "--end-early-rank", "0")
+    (got,) = _live_stopped(trace)
+    rank, after, before = got
+    assert rank == 0 and after <= 11 < before <= after + 10, got
+    live = [e for e in analyze(load_run(trace)).live if e["event"] == "lockstep"]
+    assert [(e["kind"], e["ranks"], e["others"]) for e in live] == [("stopped", [0], [1])]
 
 
 def test_a_rank_that_skips_a_step_is_named_with_the_step_it_skipped(tmp_path_factory) -> None:
@@ -64,14 +101,56 @@ def test_a_rank_that_skips_a_step_is_named_with_the_step_it_skipped(tmp_path_fac
     assert "it ended at step 28 while rank 0 went on to step 29 alone (it joined)" in msg, msg
 
 
+def test_a_rank_that_skips_a_step_is_named_live_with_the_step_it_skipped(tmp_path_factory) -> None:
+    """Live, rank 1's last exchange is the one it misses at the job's end (one step short, it
+    joined): rank 0 names it as it joins, with step 12 where rank 0's judge saw rank 1 alone run
+    a forward with no backward (the offline rule), once the judge has answered: a longer job."""
+    long = ["--steps", "300", "--width", "256", "--layers", "4", "--batch-size", "64"]
+    trace = _job(tmp_path_factory, "skip_live", "--skip-step-rank", "1", steps=long)
+    err = _stderr[trace]
+    (got,) = _live_stopped(trace)
+    assert got[0] == 1 and got[1] <= 298 < got[2], got
+    assert "rank 1 skipped an optimizer step at step 12 " in err, tail(err)
+
+
 def test_a_rank_that_skips_a_backward_stays_in_step(tmp_path_factory) -> None:
     """Without its backward a rank still steps the optimizer, and Horovod's synchronize
     allreduces zeros for the gradients it lacks: the ranks stay in step (and apply the same
     averaged gradients), so no lockstep finding."""
-    breaks, findings = _lockstep(_job(tmp_path_factory, "skipbwd", "--skip-backward-rank", "1"))
+    trace = _job(tmp_path_factory, "skipbwd", "--skip-backward-rank", "1")
+    breaks, findings = _lockstep(trace)
     assert breaks == [] and findings == []
+    assert "out of lockstep" not in _stderr[trace], tail(_stderr[trace])
 
 
 def test_the_same_job_without_the_fault_is_quiet(tmp_path_factory) -> None:
-    breaks, findings = _lockstep(_job(tmp_path_factory, "clean"))
+    trace = _job(tmp_path_factory, "clean")
+    breaks, findings = _lockstep(trace)
     assert breaks == [] and findings == []
+    assert "out of lockstep" not in _stderr[trace], tail(_stderr[trace])
+    assert "live detection stopped" not in _stderr[trace], tail(_stderr[trace])
+
+
+def test_a_collective_a_step_late_is_named_live_and_fingerprinted_at_once(
+    tmp_path_factory,
+) -> None:
+    """Every rank averages a metric asynchronously after step 12, rank 1 a step late (nothing
+    hangs): rank 0's judge names rank 1 at step 13 (the rule of the offline check, on the counts
+    of the window matrix), and every rank fingerprints its parameters at one step after it, off
+    the schedule of every 100 steps (asked with the next window exchange)."""
+    long = ["--steps", "300", "--width", "256", "--layers", "4", "--batch-size", "64"]
+    trace = _job(tmp_path_factory, "late_live", "--late-metric-rank", "1", steps=long)
+    err = _stderr[trace]
+    assert (
+        "hvtrace: ranks out of lockstep: rank 1 issued a different number of collectives "
+        "outside the optimizer at step 13 (rank 0: 1, rank 1: 0)" in err
+    ), tail(err)
+    a = analyze(load_run(trace))
+    assert [(b["kind"], b["step"], b["ranks"]) for b in a.lockstep] == [("sequence", 13, [1])]
+    live = [e for e in a.live if e["event"] == "lockstep"]
+    assert [(e["kind"], e["step"], e["ranks"]) for e in live] == [("sequence", 13, [1])]
+    asked = [s for s in a.consistency["parameters"]["steps"] if s % 100]
+    assert len(asked) == 1 and 13 < asked[0] < 300, a.consistency["parameters"]
+    spans = load_run(trace).spans
+    fp = spans[spans["name"].astype(str).str.startswith("hvtrace.param|")]
+    assert sorted(fp.loc[fp["step"] == asked[0], "rank"].unique()) == [0, 1]

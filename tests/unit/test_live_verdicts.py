@@ -52,7 +52,7 @@ def test_a_window_is_reduced_to_one_row_per_step() -> None:
     assert m[0, fwd] == 10 * MS
     assert m[0, fwd + 1] == 10 * MS  # CPU readings are plain ints here: cpu = end - start
     # arrival: the latest enqueue, on rank 0's clock (the offset taken off)
-    assert m[0, -1] == 10_000 * MS + 2 * MS + 10 * MS + 10 * MS - 1 * MS
+    assert m[0, live._ARRIVAL] == 10_000 * MS + 2 * MS + 10 * MS + 10 * MS - 1 * MS
 
 
 def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
@@ -65,8 +65,24 @@ def _monitor(monkeypatch, every: int, offset_ns: int) -> live.LiveMonitor:
     mon._due, mon._due_in = None, 0
     mon._cond = live.threading.Condition()
     mon._q = live.queue.SimpleQueue()
+    mon.tracer = _Tracer()
+    mon.hosts = {}
     monkeypatch.setattr(mon, "_stop_judge", lambda: None)
     return mon
+
+
+class _Rec:
+    enabled = False
+    step = 0
+
+
+class _Tracer:
+    """What the monitor reads of its tracer: the steps counted, the recorder, the checks."""
+
+    def __init__(self) -> None:
+        self.steps_done = 0
+        self.rec = _Rec()
+        self.checks = None
 
 
 class FakeHorovod:
@@ -77,7 +93,11 @@ class FakeHorovod:
         mpi_ops = pytest.importorskip("horovod.torch.mpi_ops")
         import torch
 
-        self.issued: list[tuple[str, str, str]] = []  # (thread, op, name)
+        self.issued: list[tuple[str, str, str]] = []  # (thread, op, name): the gathers
+        self.here: list[str] = []  # the presence allreduces' names
+        #: ranks that joined: zeros in every presence allreduce (as Horovod counts them)
+        self.joined: set[int] = set()
+        self.size = 2
         self.gathered: dict[str, np.ndarray] = {}
         self.polls, self.looks = polls, 0
         for op in ("allgather_async", "allreduce_async", "broadcast_async", "allreduce"):
@@ -85,12 +105,17 @@ class FakeHorovod:
         monkeypatch.setattr(mpi_ops, "poll", self.poll)
         monkeypatch.setattr(mpi_ops, "synchronize", lambda h: torch.from_numpy(self.gathered[h]))
         monkeypatch.setattr(mpi_ops, "rank", lambda: 1)
-        monkeypatch.setattr(mpi_ops, "size", lambda: 1)
+        monkeypatch.setattr(mpi_ops, "size", lambda: self.size)
 
     def _issue(self, op: str):
         def issue(tensor, *args, name=None, **kwargs):
-            self.issued.append((live.threading.current_thread().name, op, name))
-            self.gathered[name] = tensor.numpy().copy()
+            got = tensor.numpy().copy()
+            if not name.endswith(".here"):
+                self.issued.append((live.threading.current_thread().name, op, name))
+            else:
+                self.here.append(name)  # the presence: every rank but those joined
+                got[: self.size] = [0.0 if r in self.joined else 1.0 for r in range(self.size)]
+            self.gathered[name] = got
             return name
 
         return issue
@@ -128,6 +153,8 @@ def test_windows_are_gathered_by_the_training_thread_in_order_and_whole(monkeypa
     assert hvd.issued == [
         ("MainThread", "allgather_async", f"hvtrace.live.0.{k}") for k in (0, 1, 2, 3)
     ]
+    # each with its presence, issued beside it (a rank that joined is absent there)
+    assert hvd.here == [f"hvtrace.live.0.{k}.here" for k in (0, 1, 2, 3)]
     assert issued_at == [(k + 1) * every + live.CHUNK_STEPS for k in range(4)]
     for k in range(4):
         whole = live.step_matrix(steps[k * every : (k + 1) * every], 3 * MS)
@@ -279,7 +306,7 @@ def test_a_live_thread_that_failed_is_handed_nothing_more(monkeypatch) -> None:
         mon.on_step(rows)
     assert mon._q.qsize() == left and mon.window == []
     # the windows are still gathered (a collective the other ranks wait in), with NaN rows
-    assert len(hvd.issued) == 5 and all(np.isnan(m).all() for m in hvd.gathered.values())
+    assert len(hvd.issued) == 5 and all(np.isnan(hvd.gathered[n]).all() for _, _, n in hvd.issued)
 
 
 def test_the_gathered_windows_name_the_slow_rank_as_the_analysis_does() -> None:
