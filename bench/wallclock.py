@@ -14,7 +14,10 @@ untraced baseline moves by 2x between hours) moves every mode alike:
   once a minute, not twice a second), ``no-consistency`` (``HVTRACE_CONSISTENCY_EVERY=0``),
   ``stall-1d`` (``HVTRACE_STALL_S=86400``; the stall watchdog has no thread: it runs in the
   writer's flush, so this mode only shows that);
-- ``floor``: all of them off together (what recording the spans costs).
+- ``floor``: all of them off together (what recording the spans costs; the writer's encoding
+  is put off past the measured seconds, not saved); ``floor-no-poll`` (the same without looking
+  at in-flight allreduces during the backward, ``HVTRACE_POLL_US=1000000``) and
+  ``floor-python`` (the same with the pure-Python hot path, ``HVTRACE_NATIVE=0``).
 
 A job's figure is its median step over the ``--seconds`` after ``--warmup-s`` (start-up, when
 rank 0's judge process starts, is left out: a one-off of about a second of CPU at the lowest
@@ -24,14 +27,32 @@ distribution-free 95% interval (:func:`overhead.median_ci`); a feature's share i
 cost less the cost with it off. Goal (issue 43): defaults <= 3% at steps of about 3 ms, <= 1%
 at 15 ms and beyond.
 
+**In-run** (``--inrun``): separate jobs of the same mode differ by 15-30 % on this 2-core VM,
+which hides a 3 % goal even over a dozen rounds. So one job per size and mode trains two
+identical models side by side, one under Horovod's optimizer and one under hvtrace's, their
+steps alternating (every ``--block-steps``, default 1, in pairs of opposite order: AB BA AB ...),
+both through the same Horovod, the same threads and the same moments of the machine; mode
+``untraced`` makes both Horovod's (an A/A test: what the design itself reads as a cost). Per
+group of about a second after ``--warmup-s``: the traced steps' mean over the untraced steps'
+mean (both ranks), its median over groups with a 95 % interval; the same for the median step
+and for the training thread's CPU. hvtrace's background work (its writer, live and clock
+threads; rank 0's judge process) falls on both arms alike there, so it is measured apart: the
+CPU time of those threads and that process over the measured groups (``schedstat``), per traced
+step, as a share of the untraced step: on a core the rank has to itself, the most it can add to
+the wall clock. The verdict on the goal adds the two (the in-run interval's upper end and the
+background share).
+
     python bench/wallclock.py --rounds 10                  # 3 sizes x 7 modes: about 75 minutes
     python bench/wallclock.py --rounds 3 --sizes 3ms --modes untraced,defaults --seconds 4
+    python bench/wallclock.py --inrun --modes untraced,defaults,no-live,floor \
+        --seconds 40 --warmup-s 12                         # 3 sizes x 4 modes: about 13 minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -93,6 +114,116 @@ with open(os.path.join(out, f"steps{hvd.rank()}.json"), "w") as f:
     json.dump(steps_ms, f)
 """
 
+INRUN_WORKER = r"""
+import json, os, sys, threading, time
+import torch, horovod.torch as hvd
+
+width, layers, batch, block_steps, group_steps, groups, out = (int(sys.argv[1]),
+    int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+    sys.argv[7])
+control = sys.argv[8] == "1"  # the "traced" model under Horovod's optimizer too (an A/A test)
+hvd.init()
+torch.set_num_threads(1)
+
+
+def net():
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*mods, torch.nn.Linear(width, 10))
+
+
+import hvtrace
+
+plain, traced = net(), net()
+# the untraced model's allreduces under names of their own (Horovod pairs tensors by name)
+opt_plain = hvd.DistributedOptimizer(
+    torch.optim.SGD(plain.parameters(), lr=0.001),
+    named_parameters=[("untraced." + n, p) for n, p in plain.named_parameters()])
+if control:
+    opt_traced = hvd.DistributedOptimizer(
+        torch.optim.SGD(traced.parameters(), lr=0.001),
+        named_parameters=[("control." + n, p) for n, p in traced.named_parameters()])
+else:
+    opt_traced = hvtrace.DistributedOptimizer(
+        torch.optim.SGD(traced.parameters(), lr=0.001),
+        named_parameters=traced.named_parameters(), trace_dir=os.path.join(out, "trace"),
+        model=traced)
+hvd.broadcast_parameters(plain.state_dict(), root_rank=0)
+hvd.broadcast_parameters(traced.state_dict(), root_rank=0)
+x = torch.randn(batch, width)
+y = torch.randint(0, 10, (batch,))
+lossf = torch.nn.CrossEntropyLoss()
+pc = time.perf_counter
+
+
+def cpu_ns(path):
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def background_ns():
+    # CPU (ns) of hvtrace's threads in this process and of every process it started (rank 0's
+    # live judge), from schedstat; and their context switches
+    me = os.getpid()
+    mine = {t.native_id for t in threading.enumerate() if t.name.startswith("hvtrace")}
+    cpu = sum(cpu_ns(f"/proc/self/task/{t}/schedstat") for t in mine)
+    switches = 0
+    for t in mine:
+        try:
+            with open(f"/proc/self/task/{t}/status") as f:
+                switches += sum(int(l.split()[1]) for l in f if "ctxt_switches" in l)
+        except OSError:
+            pass
+    kids = set()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/children") as f:
+                kids.update(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    child = 0
+    for k in kids:
+        try:
+            tasks = os.listdir(f"/proc/{k}/task")
+        except OSError:
+            continue
+        child += sum(cpu_ns(f"/proc/{k}/task/{t}/schedstat") for t in tasks)
+    return cpu, child, switches
+
+
+groups_out = []  # per group: each arm's steps (ms) and training-thread CPU, background CPU
+for g in range(groups):
+    bg0 = background_ns()
+    ms = {"plain": [], "traced": []}
+    cpu = {"plain": 0, "traced": 0}
+    for b in range(group_steps // block_steps):
+        # runs alternate in pairs of opposite order (AB, BA, AB, ...): a drift favours neither
+        arm = "traced" if (b % 2 == 0) == ((b // 2) % 2 == 1) else "plain"
+        model, opt = (traced, opt_traced) if arm == "traced" else (plain, opt_plain)
+        for _ in range(block_steps):
+            c0 = time.thread_time_ns()
+            t0 = pc()
+            opt.zero_grad()
+            lossf(model(x), y).backward()
+            opt.step()
+            ms[arm].append(1e3 * (pc() - t0))
+            cpu[arm] += time.thread_time_ns() - c0
+    bg1 = background_ns()
+    groups_out.append({"ms": ms, "main_cpu_ms": {k: v / 1e6 for k, v in cpu.items()},
+                       "bg_cpu_ms": (bg1[0] - bg0[0]) / 1e6,
+                       "judge_cpu_ms": (bg1[1] - bg0[1]) / 1e6,
+                       "bg_switches": bg1[2] - bg0[2]})
+if not control:
+    hvtrace.finish()
+with open(os.path.join(out, f"groups{hvd.rank()}.json"), "w") as f:
+    json.dump(groups_out, f)
+"""
+
 #: Model presets, named by the step they give untraced (two ranks, each pinned to a core of
 #: this machine, ``HOROVOD_CYCLE_TIME=0.1``): (width, hidden layers, batch).
 SIZES: dict[str, tuple[int, int, int]] = {
@@ -100,6 +231,12 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "15ms": (512, 4, 112),
     "50ms": (1024, 3, 128),
 }
+
+#: The in-run job's unit of comparison (s): a group of steps of both arms, alternating.
+GROUP_S = 1.0
+
+#: The untraced step each preset is named for (ms): sets the in-run groups' length in steps.
+NOMINAL_MS: dict[str, float] = {"3ms": 3.5, "15ms": 20.0, "50ms": 60.0}
 
 #: Each mode's environment on top of the caller's (None: untraced).
 MODES: dict[str, dict[str, str] | None] = {
@@ -114,6 +251,20 @@ MODES: dict[str, dict[str, str] | None] = {
         "HVTRACE_FLUSH_S": "60",
         "HVTRACE_CONSISTENCY_EVERY": "0",
         "HVTRACE_STALL_S": "86400",
+    },
+    "floor-no-poll": {
+        "HVTRACE_LIVE_EVERY": "0",
+        "HVTRACE_FLUSH_S": "60",
+        "HVTRACE_CONSISTENCY_EVERY": "0",
+        "HVTRACE_STALL_S": "86400",
+        "HVTRACE_POLL_US": "1000000",
+    },
+    "floor-python": {
+        "HVTRACE_LIVE_EVERY": "0",
+        "HVTRACE_FLUSH_S": "60",
+        "HVTRACE_CONSISTENCY_EVERY": "0",
+        "HVTRACE_STALL_S": "86400",
+        "HVTRACE_NATIVE": "0",
     },
 }
 
@@ -135,21 +286,9 @@ def run_once(
     script = work / "worker.py"
     if not script.exists():
         script.write_text(WORKER)
-    bindir = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE_")}
-    env.update(PATH=f"{bindir}:{os.environ.get('PATH', '')}", HOROVOD_CYCLE_TIME=str(cycle_ms))
-    env.update(MODES[mode] or {})
     traced = "0" if MODES[mode] is None else "1"
-    job = [sys.executable, str(script), str(width), str(layers), str(batch),
-           str(warmup_s + seconds), traced, str(out)]  # fmt: skip
-    if pin:  # each rank (all its threads) on a core of its own: CPU $HOROVOD_LOCAL_RANK
-        job = ["sh", "-c", 'exec taskset -c "$HOROVOD_LOCAL_RANK" "$@"', "pin", *job]
-    cmd = [str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *job]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds * 4 + 120)
-    if p.returncode != 0:
-        raise RuntimeError(
-            f"{size} {mode} failed ({p.returncode}): {(p.stdout + p.stderr)[-2000:]}"
-        )
+    args = [str(width), str(layers), str(batch), str(warmup_s + seconds), traced, str(out)]
+    _job(script, args, _env(cycle_ms, MODES[mode]), pin, seconds * 4 + 120, f"{size} {mode}")
     meds = []
     for r in (0, 1):
         steps = json.loads((out / f"steps{r}.json").read_text())
@@ -158,6 +297,156 @@ def run_once(
             raise RuntimeError(f"{size} {mode}: {len(ms)} steps after {warmup_s:g} s")
         meds.append(statistics.median(ms))
     return statistics.fmean(meds)
+
+
+def _job(script: Path, args: list[str], env: dict[str, str], pin: bool, timeout_s: float,
+         what: str) -> None:  # fmt: skip
+    """Run ``script args`` as two ranks under ``horovodrun --gloo`` (each pinned to core
+    ``$HOROVOD_LOCAL_RANK`` when ``pin``); raises RuntimeError with the output's tail if it
+    fails."""
+    bindir = Path(sys.executable).parent
+    job = [sys.executable, str(script), *args]
+    if pin:  # each rank (all its threads) on a core of its own: CPU $HOROVOD_LOCAL_RANK
+        job = ["sh", "-c", 'exec taskset -c "$HOROVOD_LOCAL_RANK" "$@"', "pin", *job]
+    cmd = [str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *job]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} failed ({p.returncode}): {(p.stdout + p.stderr)[-2000:]}")
+
+
+def _env(cycle_ms: float, extra: dict[str, str] | None) -> dict[str, str]:
+    """The jobs' environment: the caller's without its ``HVTRACE_*``, Horovod's cycle time, and
+    ``extra`` (a mode's settings)."""
+    bindir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE_")}
+    env.update(PATH=f"{bindir}:{os.environ.get('PATH', '')}", HOROVOD_CYCLE_TIME=str(cycle_ms))
+    env.update(extra or {})
+    return env
+
+
+def run_inrun(
+    size: str,
+    mode: str,
+    seconds: float,
+    warmup_s: float,
+    block_steps: int,
+    cycle_ms: float,
+    work: Path,
+    pin: bool = True,
+) -> list[list[dict[str, Any]]]:
+    """One job that trains two identical models side by side, one under Horovod's optimizer and
+    one under hvtrace's (``mode``'s settings; for ``untraced``, Horovod's too: an A/A test of
+    the design), alternating every ``block_steps`` steps in pairs of opposite order (AB, BA,
+    ...) for ``warmup_s + seconds``; returns each rank's groups of about a second (see
+    :data:`INRUN_WORKER`), with ``t_s``: when each began, seconds into the loop (rank 0)."""
+    width, layers, batch = SIZES[size]
+    group_steps = max(1, round(GROUP_S * 1e3 / NOMINAL_MS[size] / (4 * block_steps)))
+    group_steps *= 4 * block_steps
+    groups = math.ceil((warmup_s + seconds) / GROUP_S)
+    out = Path(tempfile.mkdtemp(prefix=f"inrun-{size}-{mode}-", dir=work))
+    script = work / "inrun_worker.py"
+    if not script.exists():
+        script.write_text(INRUN_WORKER)
+    control = "1" if mode == "untraced" else "0"
+    args = [str(width), str(layers), str(batch), str(block_steps), str(group_steps),
+            str(groups), str(out), control]  # fmt: skip
+    _job(script, args, _env(cycle_ms, MODES[mode]), pin, (warmup_s + seconds) * 6 + 120,
+         f"{size} {mode} (in-run)")  # fmt: skip
+    ranks = [json.loads((out / f"groups{r}.json").read_text()) for r in (0, 1)]
+    t = 0.0
+    for g in ranks[0]:
+        g["t_s"] = t
+        t += sum(sum(v) for v in g["ms"].values()) / 1e3
+    return ranks
+
+
+def summarize_inrun(ranks: list[list[dict[str, Any]]], warmup_s: float) -> dict[str, Any]:
+    """The in-run job's cost: per group of about a second begun after ``warmup_s``, its traced
+    steps' mean over its untraced steps' mean (both ranks' means averaged: the allreduce holds
+    them in step) less 1, median over groups with a 95% interval; the same for the median step
+    and for the training thread's CPU per step. Steps that alternate within a group share the
+    background work alike, so that ratio is the training path's cost; hvtrace's background CPU
+    (its threads on each rank, rank 0's judge process) is given apart, per traced step and as a
+    share of the untraced step: what it can add to the wall clock at most, on the rank's core."""
+    measured = [i for i, g in enumerate(ranks[0]) if g["t_s"] >= warmup_s]
+    if not measured:
+        raise RuntimeError("no group of steps after the warm-up: lengthen --seconds")
+
+    def mean_ms(g: dict[str, Any], arm: str) -> float:
+        return statistics.fmean(g["ms"][arm])
+
+    def med_ms(g: dict[str, Any], arm: str) -> float:
+        return statistics.median(g["ms"][arm])
+
+    def cpu_ms(g: dict[str, Any], arm: str) -> float:
+        return g["main_cpu_ms"][arm] / len(g["ms"][arm])
+
+    out: dict[str, Any] = {"groups": len(measured)}
+    for name, f in (("mean", mean_ms), ("median", med_ms), ("main_cpu", cpu_ms)):
+        costs, plain_v, traced_v = [], [], []
+        for i in measured:
+            p = statistics.fmean(f(r[i], "plain") for r in ranks)
+            t = statistics.fmean(f(r[i], "traced") for r in ranks)
+            costs.append(100.0 * (t / p - 1))
+            plain_v.append(p)
+            traced_v.append(t)
+        lo, hi, cover = median_ci(costs)
+        out[name] = {"plain_ms": statistics.median(plain_v), "traced_ms":
+                     statistics.median(traced_v), "cost_pct": statistics.median(costs),
+                     "ci_pct": (lo, hi), "coverage": cover}  # fmt: skip
+    traced_steps = sum(len(ranks[0][i]["ms"]["traced"]) for i in measured)
+    per_rank = [sum(r[i]["bg_cpu_ms"] for i in measured) / traced_steps for r in ranks]
+    judge = sum(ranks[0][i]["judge_cpu_ms"] for i in measured) / traced_steps
+    switches = [sum(r[i]["bg_switches"] for i in measured) / traced_steps for r in ranks]
+    out["background"] = {
+        "threads_ms_per_step": per_rank,
+        "judge_ms_per_step": judge,
+        "switches_per_step": switches,
+        "share_pct": 100.0 * (max(per_rank) + judge) / out["mean"]["plain_ms"],
+    }
+    return out
+
+
+def print_inrun(results: dict[tuple[str, str], dict[str, Any]], block_steps: int) -> None:
+    """The in-run table, and per size the bound on the goal."""
+    print(f"in-run: two identical models in one job, alternating every {block_steps} step(s) "
+          "between Horovod's optimizer and hvtrace's (mode untraced: Horovod's both, an A/A "
+          f"test); cost = median over groups of ~{GROUP_S:g} s of traced/untraced - 1, with "
+          "its 95% interval")  # fmt: skip
+    print(
+        "| size | mode | groups | untraced ms (mean step) | traced ms | cost, mean step | "
+        "cost, median step | training-thread CPU | hvtrace's threads + judge, CPU per step |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (size, mode), r in results.items():
+        cells = []
+        for name in ("mean", "median", "main_cpu"):
+            c = r[name]
+            cells.append(f"{c['cost_pct']:+.2f}% [{c['ci_pct'][0]:+.2f}..{c['ci_pct'][1]:+.2f}]")
+        bg = r["background"]
+        threads = "/".join(f"{v * 1e3:.0f}" for v in bg["threads_ms_per_step"])
+        print(
+            f"| {size} | {mode} | {r['groups']} | {r['mean']['plain_ms']:.3f} | "
+            f"{r['mean']['traced_ms']:.3f} | {' | '.join(cells)} | {threads} µs (ranks) + "
+            f"{bg['judge_ms_per_step'] * 1e3:.0f} µs judge = {bg['share_pct']:.2f}% |"
+        )
+    print()
+    for (size, mode), r in results.items():
+        goal = 3.0 if size == "3ms" else 1.0
+        hi = r["mean"]["ci_pct"][1]
+        bound = hi + r["background"]["share_pct"]
+        verdict = (
+            "met"
+            if bound <= goal
+            else "NOT met"
+            if r["mean"]["ci_pct"][0] > goal
+            else ("not shown")
+        )
+        print(
+            f"{size} {mode}: in-run cost {r['mean']['cost_pct']:+.2f}% (upper 95% bound "
+            f"{hi:+.2f}%) + all background CPU {r['background']['share_pct']:.2f}% = at most "
+            f"{bound:.2f}% (goal <= {goal:.0f}%: {verdict})"
+        )
 
 
 def summarize(results: dict[tuple[str, str, int], float], sizes: list[str],
@@ -235,6 +524,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycle-ms", type=float, default=0.1, help="HOROVOD_CYCLE_TIME")
     ap.add_argument("--no-pin", action="store_true", help="ranks free to move between cores")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--inrun",
+        action="store_true",
+        help="one job per size and traced mode, an untraced and a traced model side by side in "
+        "alternating blocks (--seconds measured after --warmup-s), instead of rounds of jobs",
+    )
+    ap.add_argument(
+        "--block-steps",
+        type=int,
+        default=1,
+        help="--inrun: the arms alternate every this many steps",
+    )
     ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
@@ -243,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown size or mode: {bad}")
     if "untraced" not in modes:
         modes.insert(0, "untraced")
+    if args.inrun:
+        return main_inrun(args, sizes, modes)
     rng = random.Random(args.seed)
     results: dict[tuple[str, str, int], float] = {}
     t_start = time.monotonic()
@@ -271,6 +574,31 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"summary": summary, "runs": [
             {"size": s, "mode": m, "round": k, "step_ms": v} for (s, m, k), v in results.items()
         ]}, indent=1))  # fmt: skip
+    return 0
+
+
+def main_inrun(args: argparse.Namespace, sizes: list[str], modes: list[str]) -> int:
+    """``--inrun``: one job per size and mode, printed as :func:`print_inrun`."""
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    raw: dict[str, Any] = {}
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hvtrace-wallclock-") as tmp:
+        for size in sizes:
+            for mode in modes:
+                ranks = run_inrun(size, mode, args.seconds, args.warmup_s, args.block_steps,
+                                  args.cycle_ms, Path(tmp), not args.no_pin)  # fmt: skip
+                results[size, mode] = summarize_inrun(ranks, args.warmup_s)
+                raw[f"{size}/{mode}"] = ranks
+                r = results[size, mode]["mean"]
+                print(f"{size} {mode}: {r['cost_pct']:+.2f}% ({time.monotonic() - t_start:.0f} s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    print_inrun(results, args.block_steps)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"inrun": {f"{s}/{m}": r for (s, m), r in results.items()}, "blocks": raw}, indent=1
+            )
+        )
     return 0
 
 
