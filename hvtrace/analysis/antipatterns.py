@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.format.schema import BATCH_NAME, LR_PREFIX
-from hvtrace.load import RankSource, span_relation
+from hvtrace.load import RankSource
 from hvtrace.selection import StepRange, rank_runs
 from hvtrace.units import printable
 
@@ -75,35 +75,24 @@ def scan(
     (the rows of both, few, in a temporary table). ``size``: the world size. ``con``: a DuckDB
     connection used by this call alone (default: a new one). A damaged file leaves both empty,
     with ``error`` in the first."""
+    from hvtrace.analysis.engine import on_own_engine, span_query
+
     if con is None:
-        import duckdb
-
-        from hvtrace.analysis.engine import Engine
-
-        try:
-            with Engine(threads=1) as eng:
-                return scan(sources, size, steps, eng.con)
-        except duckdb.Error as exc:  # a damaged file: the rest of the analysis still stands
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            return {**empty_batches(), "error": first}, {"size": int(size), "groups": []}
+        return on_own_engine(
+            lambda c: scan(sources, size, steps, c),
+            lambda error: ({**empty_batches(), "error": error}, {"size": int(size), "groups": []}),
+        )
     ranks = [int(s.rank) for s in sources if s.rank is not None]
     if not sources:
         return empty_batches(), {"size": int(size), "groups": []}
-    from hvtrace.analysis.engine import _Names
-
-    src, params, registered = span_relation(con, sources, _Names())
-    where = steps.sql("step") if steps is not None else "TRUE"
     lr_rank = min(ranks) if ranks else 0
     table = "hv_antipattern_rows"
-    try:
+    with span_query(con, sources, steps) as (src, where, params):
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {table} AS "
             + _SCAN_SQL.format(src=src, where=where, lr_rank=lr_rank),
             params,
         )
-    finally:
-        for name in registered:
-            con.unregister(name)
     try:
         rows = _ROWS_SQL.format(table=table)
         per_step = con.execute(_STEPS_SQL.format(rows=rows)).fetchall()

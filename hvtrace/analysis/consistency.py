@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.format.schema import FLAG_AGREE, LR_PREFIX, METRIC_PREFIX, MONITOR_PREFIX, PARAM_PREFIX
-from hvtrace.load import RankSource, span_relation
+from hvtrace.load import RankSource
 from hvtrace.selection import StepRange
 from hvtrace.units import printable
 
@@ -87,24 +87,15 @@ def check(
     check before ``step``, where they were equal), sorted by ``step``.
     ``con``: a DuckDB connection used by this call alone (default: a new one).
     """
+    from hvtrace.analysis.engine import on_own_engine, span_query
+
     if con is None:
-        import duckdb
-
-        from hvtrace.analysis.engine import Engine
-
-        try:
-            with Engine(threads=1) as eng:
-                return check(sources, steps, eng.con)
-        except duckdb.Error as exc:  # a damaged file: the rest of the analysis still stands
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            return {**empty(), "error": first}
+        return on_own_engine(
+            lambda c: check(sources, steps, c), lambda error: {**empty(), "error": error}
+        )
     if not sources:
         return empty()
-    from hvtrace.analysis.engine import _Names
-
-    src, params, registered = span_relation(con, sources, _Names())
-    where = steps.sql("step") if steps is not None else "TRUE"
-    try:
+    with span_query(con, sources, steps) as (src, where, params):
         rows = _ROWS_SQL.format(src=src, where=where)
         groups = _GROUPS_SQL.format(rows=rows)
         summary = con.execute(_SUMMARY_SQL.format(groups=groups), params).fetchall()
@@ -190,9 +181,6 @@ def check(
             divs.append(d)
         out["divergences"] = sorted(divs, key=lambda d: (d["step"], _KINDS.index(d["what"])))
         return out
-    finally:
-        for name in registered:
-            con.unregister(name)
 
 
 def _display(name: str) -> str:
@@ -361,6 +349,10 @@ def _sync_dist_words(lightning: str) -> str:
     )
 
 
+#: The advice of :func:`_sync_dist_words`, for the other modules' findings.
+sync_dist_words = _sync_dist_words
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "nan"
@@ -448,4 +440,4 @@ def _finding(d: dict[str, Any], lightning: str | None = None) -> Finding:
     return Finding("divergence", "warning", msg, float(step), "step", dict(d))
 
 
-__all__ = ["check", "check_frame", "divergence_findings", "empty"]
+__all__ = ["check", "check_frame", "divergence_findings", "empty", "sync_dist_words"]

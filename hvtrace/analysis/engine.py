@@ -28,6 +28,7 @@ private directory under the system temp dir, never inside the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -353,6 +354,34 @@ SELECT step::BIGINT AS step, name::VARCHAR AS name, occ::BIGINT AS occ,
     arg_max(rank, st)::BIGINT AS last_rank, sum(st::DOUBLE) AS sum_start_ns,
     sum(greatest(en - st, 0)::DOUBLE) AS sum_flight_ns, sum(blocked::DOUBLE) AS sum_blocked_ns
 FROM c GROUP BY step, name, occ"""
+
+
+def on_own_engine(fn: Callable[[Any], Any], empty: Callable[[str], Any]) -> Any:
+    """``fn(con)`` on a new one-thread :class:`Engine`'s connection; a DuckDB error (a damaged
+    file: the rest of the analysis still stands) gives ``empty(error)``, ``error`` the first
+    line of its message."""
+    import duckdb
+
+    try:
+        with Engine(threads=1) as eng:
+            return fn(eng.con)
+    except duckdb.Error as exc:
+        return empty((str(exc).strip().splitlines() or [type(exc).__name__])[0][:300])
+
+
+@contextlib.contextmanager
+def span_query(
+    con: Any, sources: Sequence[RankSource], steps: StepRange | None
+) -> Iterator[tuple[str, str, list[Any]]]:
+    """``(src, where, params)``: the span relation of ``sources`` registered on ``con``, the
+    SQL condition selecting ``steps`` on its ``step`` column (all: ``TRUE``), and the query's
+    parameters; what was registered is unregistered on exit."""
+    src, params, registered = span_relation(con, sources, _Names())
+    try:
+        yield src, steps.sql("step") if steps is not None else "TRUE", params
+    finally:
+        for name in registered:
+            con.unregister(name)
 
 
 class _Names:

@@ -15,6 +15,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis import framework
 from hvtrace.analysis.antipatterns import (
     oversubscribed_findings,
     shared_gpu_findings,
@@ -89,6 +90,7 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
         for b in a.lockstep
     ]
     out += divergence_findings(a)  # ranks that stopped training the same model
+    out += framework.findings(a)  # accumulation, Lightning's callbacks on one rank's view
     out += unsharded_findings(a)  # ranks that train on the same batches
     out += _run_state(a)
     rank0 = _rank0_blocking(a, config or StragglerConfig())
@@ -131,6 +133,8 @@ CORRECTNESS_KINDS: Final = (
     "hang",
     "stall",
     "lockstep",
+    "callback_decision",
+    "best_checkpoint",
     "divergence",
     "unsharded_data",
     "incomplete",

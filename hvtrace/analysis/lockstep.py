@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hvtrace.analysis.framework import step_words
 from hvtrace.analysis.model import RankState
 
 #: The step table's columns compared across ranks at each step, with what they count.
@@ -183,12 +184,13 @@ def describe(b: dict[str, Any]) -> str:
         n = b["steps_without"]
         skipped = b.get("skipped_steps") or []
         if skipped:
-            at = ", ".join(str(s) for s in skipped)
+            at = ", ".join(step_words(s, b) for s in skipped)
             return (
-                f"ranks out of lockstep: {who} skipped an optimizer step at step {at} (a forward "
+                f"ranks out of lockstep: {who} skipped an optimizer step at {at} (a forward "
                 f"pass with no backward and no update, where {others} took the step), so from "
                 f"then on its allreduces paired with those of {others} a step ahead, and it ended "
-                f"at step {b['step']} while {others} went on to step {b['others_last_step']}"
+                f"at {step_words(b['step'], b)} while {others} went on to "
+                f"{step_words(b['others_last_step'], b)}"
                 + (" alone (it joined)" if b["joined"] else "")
                 + ": averaged gradients mixed steps and the models drifted apart. Every rank must "
                 "run the same steps: skip a bad batch on every rank (decide from a value reduced "
@@ -207,17 +209,17 @@ def describe(b: dict[str, Any]) -> str:
                 "different models"
             )
         return (
-            f"ranks out of lockstep: {who} stopped training after step {b['step']} while {others} "
-            f"went on to step {b['others_last_step']}{tail}. Every rank must take the same "
-            "steps: decide to stop on every rank from a value reduced across ranks (an "
-            "averaged metric), never on one rank's own view"
+            f"ranks out of lockstep: {who} stopped training after {step_words(b['step'], b)} while "
+            f"{others} went on to {step_words(b['others_last_step'], b)}{tail}. Every rank must "
+            "take the same steps: decide to stop on every rank from a value reduced across "
+            "ranks (an averaged metric), never on one rank's own view"
         )
     counts = ", ".join(f"rank {r}: {v}" for r, v in b["counts"].items())
     who = _ranks(b["ranks"])
     if b["skipped"]:
-        did = f"{who} skipped step {b['step']} (no backward, no allreduce)"
+        did = f"{who} skipped {step_words(b['step'], b)} (no backward, no allreduce)"
     else:
-        did = f"{who} issued a different number of {b['what']} at step {b['step']}"
+        did = f"{who} issued a different number of {b['what']} at {step_words(b['step'], b)}"
     return (
         f"ranks out of lockstep: {did} ({counts}); from then on the ranks' collectives pair "
         f"with other steps' ({b['steps_after']} step(s) after it): averaged gradients mix "

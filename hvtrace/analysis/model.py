@@ -75,6 +75,40 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "accumulate) on every rank, from a value reduced across ranks (an averaged metric), "
         "never on one rank's own view.",
     ),
+    "accumulation": FindingKind(
+        "Gradient accumulation that does not accumulate",
+        "warning",
+        "The optimizer was built to accumulate gradients over N backward passes "
+        "(backward_passes_per_step; Lightning's accumulate_grad_batches), but its steps held "
+        "fewer: it updated, and allreduced every gradient, after each micro-batch. Under "
+        'pytorch-lightning 1.9\'s strategy="horovod" accumulate_grad_batches always does this.',
+        "`value`: how many times the allreduces and updates of accumulating the job did; "
+        "`data.lost_ms_per_step`: the median wait and update time of the extra updates, per "
+        "step.",
+        "Call optimizer.step() once every N backward passes (plain Horovod); under Lightning's "
+        "Horovod strategy use accumulate_grad_batches=1 and a larger batch per rank.",
+    ),
+    "callback_decision": FindingKind(
+        "A Lightning callback that decided on one rank's view",
+        "warning",
+        "EarlyStopping or a monitored ModelCheckpoint read a metric that differs across ranks "
+        "(not averaged), the ranks' own decisions differed, and Lightning's combined decision "
+        "(stop when any rank says so, save when every rank does) rested on some ranks' values.",
+        "None in time: the job stopped, or kept or dropped a checkpoint, on part of the ranks' "
+        "view. `data.ranks`: the ranks whose own decision it was, `data.values` each rank's "
+        "value.",
+        "Average the monitored value across ranks (hvd.allreduce) before logging it.",
+    ),
+    "best_checkpoint": FindingKind(
+        "Ranks with different best checkpoints",
+        "warning",
+        "A monitored ModelCheckpoint ended with a different best_model_path on different ranks: "
+        "each rank ranked the checkpoints by its own value of a metric that differs across "
+        "ranks.",
+        "None in time: loading the best checkpoint loads a different model on each rank. "
+        "`data.files`: each rank's best file.",
+        "Average the monitored value across ranks (hvd.allreduce) before logging it.",
+    ),
     "divergence": FindingKind(
         "Ranks that stopped training the same model",
         "warning (info when only monitored values differ)",
@@ -383,6 +417,12 @@ class Analysis:
     #: Ranks out of lockstep (:func:`hvtrace.analysis.lockstep.lockstep_breaks`): where a rank
     #: stopped taking the steps the others took (empty when they kept in step, or for a frame).
     lockstep: list[dict[str, Any]] = field(default_factory=list)
+    #: What Lightning's Trainer counted and decided (:func:`hvtrace.analysis.framework.scan`:
+    #: ``global_steps``, ``decisions``, ``best_checkpoints``, ``rows``; empty without them).
+    trainer: dict[str, Any] = field(default_factory=dict)
+    #: Gradient accumulation that does not accumulate
+    #: (:func:`hvtrace.analysis.framework.accumulation`), else None.
+    accumulation: dict[str, Any] | None = None
     #: Elastic Horovod: the membership epochs, each with its own analysis, when the run had
     #: more than one (:mod:`hvtrace.analysis.membership`; empty otherwise). The resets are
     #: ``reset`` findings.

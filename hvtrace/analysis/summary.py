@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from hvtrace.analysis import antipatterns, consistency, hvd_timeline
+from hvtrace.analysis import antipatterns, consistency, framework, hvd_timeline
 from hvtrace.analysis.bandwidth import (
     BANDWIDTH_CAVEAT,
     comm_summary,
@@ -139,6 +139,7 @@ def analyze_tables(
         horovod_env=dict(horovod_env or {}),
         optimizer=dict(optimizer or {}),
     )
+    a.accumulation = framework.accumulation(a)
     a.findings = make_findings(a, config)
     return a
 
@@ -194,7 +195,9 @@ def analyze_spans(
     )
     a.consistency = consistency.check_frame(spans, steps)
     a.batches = antipatterns.batch_check_frame(spans, steps)
-    if a.consistency.get("divergences") or a.batches.get("groups"):
+    a.trainer = framework.scan_frame(spans, steps)
+    a.accumulation = framework.accumulation(a)
+    if a.consistency.get("divergences") or a.batches.get("groups") or len(a.trainer["rows"]):
         a.findings = make_findings(a, config)
     return a
 
@@ -347,6 +350,9 @@ def analyze(
     a.clock_ranks = run.clock_table()
     a.hangs = find_hangs(run.files, run.expected_ranks)
     a.consistency = consistency.check(sources, steps)
+    if a.lightning is not None:  # Lightning's own rows: only HvtraceCallback records them
+        a.trainer = framework.scan(sources, steps)
+        a.accumulation = framework.accumulation(a)
     a.batches, a.scale = antipatterns.scan(sources, run.size, steps)
     a.placement = antipatterns.placement({r: f.header for r, f in run.files.items()})
     a.links = link_table(connection_rows(run.files, run.hosts))
@@ -359,6 +365,8 @@ def analyze(
     a.problems = list(run.problems) + salvaged + implausible_problems(summ.implausible)
     if a.consistency.get("error"):
         a.problems.append(f"consistency checks not read: {a.consistency['error']}")
+    if a.trainer.get("error"):
+        a.problems.append(f"Lightning's records not read: {a.trainer['error']}")
     if a.batches.get("error"):
         a.problems.append(f"batch fingerprints not read: {a.batches['error']}")
     a.horovod_timeline = hvd_timeline.run_section(run, sources, horovod_timeline)
@@ -378,6 +386,7 @@ def analyze(
             a.rank_states,
             elastic=len(epochs(run)[0]) > 1,
         )
+        framework.annotate_lockstep(a.lockstep, a.trainer)
     a.findings = make_findings(a, config)  # again, now with the run's state
     if membership:
         from hvtrace.analysis import membership as _membership

@@ -73,6 +73,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a callback sets trainer.should_stop on rank 0 alone at this global step (a stop "
         "decided on one rank's view: the other ranks train on)",
     )
+    p.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Trainer(accumulate_grad_batches=N) (Lightning passes it to Horovod as "
+        "backward_passes_per_step)",
+    )
+    p.add_argument(
+        "--count-updates",
+        action="store_true",
+        help="count the optimizer's updates during training and print them per rank",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        metavar="P",
+        help="with --early-stopping: EarlyStopping(patience=P) (default: never stop these runs)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --early-stopping and --ckpt-dir: ModelCheckpoint(save_top_k=K) (default 1)",
+    )
+    p.add_argument(
+        "--val-drift-rank",
+        type=int,
+        default=-1,
+        metavar="RANK",
+        help="this rank adds 0.1 per validation so far to its own validation loss, the other "
+        "ranks subtract 0.1 (before any averaging): its own val_loss gets worse at every "
+        "validation while the others' improve",
+    )
     p.add_argument("--log-dir", default=None, help="CSV logger here (log every 5 steps)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
     p.add_argument(
@@ -107,6 +143,42 @@ def _stop_on_rank0(step: int) -> Any:
     return StopOnRank0()
 
 
+def _update_counter_class() -> type:
+    import pytorch_lightning as pl
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    class UpdateCounter(pl.Callback):
+        """Counts the optimizer's updates during training, hvtrace or not: the outermost
+        ``step()`` calls (Horovod's step calls the base optimizer's, and both run torch's global
+        optimizer hooks), from ``on_train_start`` on (not Horovod's initial step in
+        ``broadcast_optimizer_state``)."""
+
+        def __init__(self) -> None:
+            self.updates, self._depth, self._on = 0, 0, False
+            register_optimizer_step_pre_hook(self._before)
+            register_optimizer_step_post_hook(self._after)
+
+        def _before(self, *_: Any) -> None:
+            self._depth += 1
+
+        def _after(self, *_: Any) -> None:
+            self._depth -= 1
+            if self._depth == 0 and self._on:
+                self.updates += 1
+
+        def on_train_start(self, *_: Any) -> None:
+            self._on = True
+
+    return UpdateCounter
+
+
+def _update_counter() -> Any:
+    return _update_counter_class()()
+
+
 def _module_class() -> type:
     import pytorch_lightning as pl
 
@@ -122,8 +194,11 @@ def _module_class() -> type:
             slow_forward_s: float,
             plateau: bool = False,
             val_sync: bool = True,
+            val_drift: float = 0.0,
         ) -> None:
             super().__init__()
+            self.val_drift = val_drift
+            self._validations = 0
             self.plateau = plateau
             self.val_sync = val_sync
             self.net = MLP(width, layers, IN_DIM)
@@ -142,9 +217,13 @@ def _module_class() -> type:
             self.log("train_loss", loss)
             return loss
 
+        def on_validation_epoch_start(self) -> None:
+            if not self.trainer.sanity_checking:
+                self._validations += 1
+
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
-            loss = F.cross_entropy(self(x), y)
+            loss = F.cross_entropy(self(x), y) + self.val_drift * self._validations
             if self.val_sync:
                 self._val_losses.append(loss.detach())
             else:  # each rank's own mean over its own validation shard
@@ -208,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         slow_s if args.slow_phase == "forward" else 0.0,
         plateau=args.plateau,
         val_sync=not args.val_unsynced,
+        val_drift=(0.1 if rank == args.val_drift_rank else -0.1)
+        if args.val_drift_rank >= 0
+        else 0.0,
     )
     if slow_s and args.slow_phase == "backward":
         slow_backward(model.net, slow_s)
@@ -232,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         from pytorch_lightning.callbacks import ModelCheckpoint
 
         if args.early_stopping:  # the best by val_loss, as such jobs keep it
-            callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, monitor="val_loss"))
+            callbacks.append(
+                ModelCheckpoint(dirpath=args.ckpt_dir, monitor="val_loss", save_top_k=args.top_k)
+            )
         else:
             callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1))
     if args.stop_rank0_at is not None and rank == 0:
@@ -240,13 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.early_stopping:
         from pytorch_lightning.callbacks import EarlyStopping
 
-        # patient enough never to stop these short runs: its checks are what is exercised
-        callbacks.append(EarlyStopping(monitor="val_loss", patience=1000))
+        # by default patient enough never to stop these short runs: its checks are exercised
+        patience = 1000 if args.patience is None else args.patience
+        callbacks.append(EarlyStopping(monitor="val_loss", patience=patience))
     logger: Any = False
     if args.log_dir:
         from pytorch_lightning.loggers import CSVLogger
 
         logger = CSVLogger(args.log_dir)
+    counter = _update_counter() if args.count_updates else None
+    if counter is not None:
+        callbacks.append(counter)
     trainer = pl.Trainer(
         strategy="horovod",
         accelerator="cpu",
@@ -259,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=True,
+        accumulate_grad_batches=args.accumulate,
         val_check_interval=args.val_every or None,
         limit_val_batches=2 if args.val_every else 0,
         num_sanity_val_steps=1 if args.val_every else 0,
@@ -273,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         loss = trainer.callback_metrics.get("train_loss")
         loss_s = f"{float(loss):.4f}" if loss is not None else "n/a"
         print(f"rank 0: {trainer.global_step} steps, final loss {loss_s}", flush=True)
+    ckpt = trainer.checkpoint_callback
+    if args.early_stopping and ckpt is not None and getattr(ckpt, "monitor", None):
+        print(f"rank {rank}: best checkpoint {Path(ckpt.best_model_path).name}", flush=True)
+    if counter is not None:
+        print(f"rank {rank}: {counter.updates} optimizer updates", flush=True)
     return 0
 
 

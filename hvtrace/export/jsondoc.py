@@ -19,6 +19,7 @@ import pandas as pd
 
 from hvtrace.analysis import Analysis
 from hvtrace.analysis.bandwidth import BANDWIDTH_CAVEAT
+from hvtrace.analysis.framework import json_section
 from hvtrace.export.output import open_output
 from hvtrace.selection import StepRange
 
@@ -60,7 +61,12 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
     lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks that did
     not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
-    ``lockstep`` (where ranks fell out of step: :mod:`hvtrace.analysis.lockstep`),
+    ``lockstep`` (where ranks fell out of step: :mod:`hvtrace.analysis.lockstep`; under
+    Lightning ``lightning_steps``: Lightning's ``global_step`` at the steps it names, where it
+    differs), ``accumulation`` (gradient accumulation that updated every micro-batch, else null),
+    ``trainer`` (Lightning's ``global_steps`` records per rank, the callbacks' ``decisions`` that
+    rested on some ranks' values, ``best_checkpoints`` that differ across ranks:
+    :mod:`hvtrace.analysis.framework`),
     ``consistency`` (what was compared across ranks: parameter checks, steps and tensors,
     learning-rate steps and groups, values that must agree; and the divergences, first step first:
     :func:`hvtrace.analysis.consistency.check`), ``batches`` (the ranks' batch fingerprints
@@ -113,6 +119,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "whatif": dict(a.whatif),
             "hangs": list(a.hangs),
             "lockstep": list(a.lockstep),
+            "accumulation": dict(a.accumulation) if a.accumulation else None,
+            "trainer": json_section(a.trainer),
             "consistency": dict(a.consistency),
             "batches": dict(a.batches),
             "placement": dict(a.placement),

@@ -171,6 +171,29 @@ BATCH_PREFIX: Final = "hvtrace.batch|"
 BATCH_NAME: Final = BATCH_PREFIX + "input"
 #: Scalars whose value is a hash, not a quantity: no timeline draws them as a counter.
 HASH_PREFIXES: Final = (PARAM_PREFIX, BATCH_PREFIX)
+#: What :mod:`hvtrace.lightning` records of PyTorch Lightning's own state, as scalars (few rows:
+#: the analysis reads them all, :mod:`hvtrace.analysis.framework`); every name starts with
+#: :data:`LIGHTNING_ROWS`, and none is compared as a value that must agree:
+#:
+#: - :data:`LIGHTNING_STEP`: the Trainer's ``global_step`` as the step's ``training_step`` sees
+#:   it, recorded where it is not the last row's value plus the hvtrace steps since (a row at the
+#:   first step; one per global step with ``accumulate_grad_batches`` > 1; one after a checkpoint
+#:   resumed): at hvtrace step ``s`` Lightning's step is ``value + s - step`` of the last row at
+#:   or before ``s``.
+#: - ``hvtrace.lightning|decision|CALLBACK|MONITOR``: a decision Lightning combines across ranks
+#:   (``strategy.reduce_boolean_decision``: EarlyStopping's stop, any rank's; ModelCheckpoint's
+#:   save of a monitored top-k, every rank's), one row per rank and decision: value the rank's
+#:   own decision (1 or 0) plus 2 times the combined one, ``bytes`` the Trainer's ``global_step``;
+#:   beside it ``hvtrace.lightning|decided_on|CALLBACK|MONITOR``, value the monitored value the
+#:   rank's callback read.
+#: - ``hvtrace.lightning|best|MONITOR|FILE``: a monitored ModelCheckpoint's best checkpoint on the
+#:   rank when it changes (FILE the name of its ``best_model_path``), value ``best_model_score``,
+#:   ``bytes`` the ``global_step``.
+LIGHTNING_ROWS: Final = "hvtrace.lightning|"
+LIGHTNING_STEP: Final = LIGHTNING_ROWS + "global_step"
+DECISION_PREFIX: Final = LIGHTNING_ROWS + "decision|"
+DECIDED_ON_PREFIX: Final = LIGHTNING_ROWS + "decided_on|"
+BEST_CKPT_PREFIX: Final = LIGHTNING_ROWS + "best|"
 #: The user span around one parameter check.
 CHECK_SPAN: Final = "hvtrace.consistency"
 
