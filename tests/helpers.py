@@ -455,3 +455,15 @@ def serve_dashboard(run_dir: Path, log: Path, poll_s: float = 0.5) -> Iterator[s
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+#: The marks of a test module of Lightning jobs under real horovodrun: skipped where
+#: pytorch-lightning is not installed.
+LIGHTNING_JOB_MARKS = [
+    pytest.mark.horovod,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        importlib.util.find_spec("pytorch_lightning") is None,
+        reason="pytorch-lightning is not installed (pip install -e '.[lightning]')",
+    ),
+]

@@ -9,7 +9,6 @@ pytorch-lightning is not installed (``pip install -e '.[lightning]'``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -19,19 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import analyze_cli, describe, run_horovodrun, tail
+from helpers import LIGHTNING_JOB_MARKS, analyze_cli, describe, run_horovodrun, tail
 
 from hvtrace.analysis import analyze
 from hvtrace.load import Run, load_run
 
-pytestmark = [
-    pytest.mark.horovod,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        importlib.util.find_spec("pytorch_lightning") is None,
-        reason="pytorch-lightning is not installed (pip install -e '.[lightning]')",
-    ),
-]
+pytestmark = LIGHTNING_JOB_MARKS
 
 STEPS = 30
 COMMON = ["--steps", str(STEPS), "--width", "64", "--layers", "2", "--batch-size", "32"]

@@ -17,26 +17,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
-import pytest
-from helpers import run_horovodrun, tail
+from helpers import LIGHTNING_JOB_MARKS, run_horovodrun, tail
 
 from hvtrace.analysis import analyze
 from hvtrace.analysis.model import Analysis
 from hvtrace.load import load_run
 
-pytestmark = [
-    pytest.mark.horovod,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        importlib.util.find_spec("pytorch_lightning") is None,
-        reason="pytorch-lightning is not installed (pip install -e '.[lightning]')",
-    ),
-]
+pytestmark = LIGHTNING_JOB_MARKS
 
 COMMON = ["--width", "64", "--layers", "2", "--batch-size", "32"]
 CALLBACKS = ["--steps", "40", "--val-every", "10", "--early-stopping", "--patience", "2"]
