@@ -117,8 +117,10 @@ gcc -O2 -fPIC -I"$PYINC" -c hvtrace/record/_hot.c -o /tmp/gc-hot.o &&
 "$PY" -c "from hvtrace.record import native; print('[env] hvtrace hot path:', native._hot is not None)"
 
 say "checks (scripts/gpu_check.py)"
-timeout 330 "$PY" scripts/gpu_check.py --out "$OUT"
+# GC_MODELS: a shorter rerun (say resnet50,mlp); GC_TWO_RANKS=0 skips the two-rank probe
+timeout 330 "$PY" scripts/gpu_check.py --out "$OUT" ${GC_MODELS:+--models "$GC_MODELS"}
 rc=$?
+[ "${GC_TWO_RANKS:-1}" = 0 ] && { say "done (checks rc=$rc)"; exit $rc; }
 
 say "two ranks on one GPU (NCCL)"
 timeout 60 horovodrun -np 2 -H localhost:2 --gloo "$PY" -c "

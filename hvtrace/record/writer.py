@@ -469,6 +469,7 @@ class BackgroundWriter:
         timer = self._timer
         ready, waiting = [], []
         if timer.is_cuda:  # rows, their tokens resolved (the encoder takes allreduces as they are)
+            timer.keep_tied()  # the device and host clocks re-tied about once a second
             rows = rows_mod.expand(entries, self._pending)
             done = []
             for r in rows:

@@ -103,3 +103,132 @@ def test_released_events_are_recorded_again(fake_cuda) -> None:
     assert timer.now() is ev
     timer.release(7)  # a host token: nothing to give back
     assert len(timer._pool) == 0
+
+
+# -- re-tying the clocks: a device clock that drifts from the host's ------------------------------
+DRIFT_PPM = 21.0  # as measured on an H100 (scripts/gpu_check.py: 0.84 ms in 41 s)
+
+
+class _Host:
+    """The host clock: each reading moves it on 1 µs (the code between two readings)."""
+
+    def __init__(self) -> None:
+        self.ns = 5_000_000_000
+
+    def mono(self) -> int:
+        self.ns += 1_000
+        return self.ns
+
+
+def _drifting_event_class(host: _Host, pending: set):
+    """Events stamped by a device clock DRIFT_PPM slower than the host's, with elapsed_time a
+    32-bit float of ms as CUDA gives it; an event whose stream is in ``pending`` never completes."""
+    import numpy as np
+
+    class Event:
+        def __init__(self, *args, **kwargs) -> None:
+            self.t_dev_ns: float | None = None
+            self.stream = None
+
+        def record(self, stream=None) -> None:
+            self.stream = stream
+            self.t_dev_ns = 7e12 + host.ns * (1 - DRIFT_PPM * 1e-6)
+
+        def query(self) -> bool:
+            return self.t_dev_ns is not None and self.stream not in pending
+
+        def elapsed_time(self, other) -> float:
+            return float(np.float32((other.t_dev_ns - self.t_dev_ns) / 1e6))
+
+    return Event
+
+
+@pytest.fixture
+def drifting_cuda(monkeypatch):
+    host, pending = _Host(), set()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: object())
+    monkeypatch.setattr(torch.cuda, "Event", _drifting_event_class(host, pending))
+    monkeypatch.delattr(torch, "Event", raising=False)
+    monkeypatch.setattr(timers, "monotonic_ns", host.mono)
+    return host, pending
+
+
+def _run_for(timer, host: _Host, seconds: int) -> list[int]:
+    """A token a second for ``seconds`` s, the writer tying and resolving as it goes: each
+    token's error (resolved minus the host time it was recorded at), ns."""
+    errors = []
+    for _ in range(seconds):
+        host.ns += 1_000_000_000
+        true_ns = host.ns
+        tok = timer.now()
+        host.ns += 300_000_000  # resolved at the writer's next flush
+        timer.keep_tied()
+        errors.append(timer.resolve(tok) - true_ns)
+    return errors
+
+
+def test_drifting_clocks_stay_tied_over_an_hour(drifting_cuda) -> None:
+    """By the first anchor alone, an hour at 21 ppm puts events 76 ms early (and the 32-bit
+    elapsed_time rounds to 0.2 ms); re-tied once a second, every event is within 10 µs of when
+    it was recorded (at rate 1 before a rate is fitted: 0.3 s at 21 ppm), and within 2 µs once
+    the ties span RATE_MIN_SPAN_NS and a rate is fitted, to the hour's end."""
+    host, _ = drifting_cuda
+    timer = timers.CudaTimer(torch.device("cuda", 0))
+    anchor = timer._anchor
+    errors = _run_for(timer, host, 3600)
+    assert max(abs(e) for e in errors) <= 10_000, (min(errors), max(errors))
+    assert max(abs(e) for e in errors[3:]) <= 2_000, (min(errors[3:]), max(errors[3:]))
+    assert timer.drift_ppm == pytest.approx(DRIFT_PPM, abs=0.1)
+    tok = timer.now()
+    by_anchor = timer.anchor_ns + round(anchor.elapsed_time(tok) * 1e6)
+    assert by_anchor - host.ns < -70_000_000  # what the first anchor alone would give
+
+
+def test_a_tie_that_does_not_complete_is_dropped(drifting_cuda) -> None:
+    """The side stream held up (its events never complete): each try gives up after TIE_MAX_NS,
+    the last tie and rate stay, and the timer tries again a second later."""
+    host, pending = drifting_cuda
+    timer = timers.CudaTimer(torch.device("cuda", 0))
+    _run_for(timer, host, 10)
+    tie, rate, n = timer._tie, timer.rate, len(timer._ties)
+    pending.add(timer._side)
+    before = host.ns
+    host.ns += 2_000_000_000
+    timer.keep_tied()
+    assert (timer._tie, timer.rate, len(timer._ties)) == (tie, rate, n)
+    spent = host.ns - before - 2_000_000_000
+    assert spent < timer.TIE_TRIES * (timer.TIE_MAX_NS + 10_000)  # bounded polling
+    pending.clear()
+    host.ns += 2_000_000_000
+    timer.keep_tied()
+    assert len(timer._ties) == n + 1
+
+
+def test_a_failing_tie_keeps_the_last_and_stops_trying(drifting_cuda, caplog) -> None:
+    host, _ = drifting_cuda
+    timer = timers.CudaTimer(torch.device("cuda", 0))
+    _run_for(timer, host, 5)
+    tie = timer._tie
+
+    def broken(*a, **k):
+        raise RuntimeError("device lost")
+
+    timer._new = broken
+    host.ns += 2_000_000_000
+    with caplog.at_level("WARNING"):
+        timer.keep_tied()
+    assert timer._tie is tie and timer._side is None
+    assert "CUDA clock tie failed" in caplog.text
+    timer.keep_tied()  # no second warning, no exception
+
+
+def test_an_implausible_rate_is_refused(drifting_cuda) -> None:
+    """A tie 5 ms off (not a clock: a tie gone wrong) does not bend the rate past RATE_MAX_PPM."""
+    host, _ = drifting_cuda
+    timer = timers.CudaTimer(torch.device("cuda", 0))
+    _run_for(timer, host, 3)
+    d, h = timer._ties[-1]
+    timer._ties.append((d + 1e9, h + 1_000_000_000 + 5_000_000))
+    assert abs(timer._fit_rate() - 1.0) * 1e6 <= timer.RATE_MAX_PPM

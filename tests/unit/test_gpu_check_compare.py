@@ -76,6 +76,8 @@ def test_the_event_cost_probe_reports_each_cost_or_its_error(gc) -> None:
     an event type that fails is an error in the figures, not a failed run."""
     from types import SimpleNamespace
 
+    from hvtrace.record.timers import HostTimer
+
     class Ev:
         def __init__(self, *a, **k) -> None:
             self.t = None
@@ -90,6 +92,8 @@ def test_the_event_cost_probe_reports_each_cost_or_its_error(gc) -> None:
             return 0.5
 
     class Timer:
+        is_cuda = True
+
         def __init__(self) -> None:
             self._anchor, self.pool = Ev(), []
 
@@ -117,3 +121,8 @@ def test_the_event_cost_probe_reports_each_cost_or_its_error(gc) -> None:
     torch.Event = broken
     costs = gc._event_costs(torch, SimpleNamespace(timer=Timer()), "cuda:0", n=20)
     assert costs["error"] == "RuntimeError: no device" and "cuda_event_record" in costs
+
+    # a host-timed job (its timer's tokens are ints): the host clock's cost, no events to query
+    torch.Event = Ev
+    host = gc._event_costs(torch, SimpleNamespace(timer=HostTimer()), "cuda:0", n=20)
+    assert "error" not in host and "timer_now" in host and "query" not in host, host

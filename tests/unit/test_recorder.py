@@ -395,6 +395,9 @@ class _FakeCudaTimer:
     def release(self, tok) -> None:
         self.released.append(tok)
 
+    def keep_tied(self) -> None:
+        pass
+
 
 def test_cuda_events_go_back_to_the_pool_once_and_only_when_free(tmp_path: Path, recorders) -> None:
     """A token shared by two spans is given back once; one the tracer still holds (the next
