@@ -814,9 +814,12 @@ def serve(
     run_id: str | None = None,
     verbose: bool = False,
     compare: str | Path | None = None,
+    scaling: Sequence[str | Path] | None = None,
 ) -> int:
     """Open and analyze the run (no ``run_dir``: the built-in sample), then serve it until
-    Ctrl-C (``compare``: another run, served side by side with it: :func:`serve_compare`).
+    Ctrl-C (``compare``: another run, served side by side with it: :func:`serve_compare`;
+    ``scaling``: more runs of the job at other world sizes, served as where scaling is lost:
+    :func:`hvtrace_dashboard.scaling.serve_scaling`).
     The run is analyzed on the engine (its spans are never loaded as one table), so a run
     of any size opens. A run still being written (a rank's stream open and growing) is followed:
     the page refreshes as the files grow (:mod:`hvtrace_dashboard.live`); with no complete step
@@ -838,6 +841,10 @@ def serve(
         )
     if compare is not None:
         return serve_compare(run_dir, compare, host, port, verbose)
+    if scaling:
+        from hvtrace_dashboard.scaling import serve_scaling
+
+        return serve_scaling([run_dir, *scaling], host, port, verbose)
     t0 = time.perf_counter()
     from hvtrace_dashboard.live import POLL_S, LiveFeed
 

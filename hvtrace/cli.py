@@ -270,7 +270,8 @@ def _add_scaling(sub: argparse._SubParsersAction) -> None:
         "ranks, the same batch per rank): each run's efficiency against the smallest, the time "
         "lost per step in parts that add up (exposed communication, waiting for the last rank, "
         "compute by cause, input, update, other), and the step predicted at twice the largest "
-        "size, with its assumptions.",
+        "size, with its assumptions. The same as a page: hvtrace dashboard RUN --scaling "
+        "RUN...",
     )
     p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (two or more)")
     _add_compare_options(p, "every run")
@@ -320,13 +321,22 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
             f"the dashboard needs Dash and plotly ({exc}); install them with "
             "pip install 'hvtrace[dashboard]'"
         ) from None
+    run_dir, scaling = args.run_dir, args.scaling
+    if scaling is not None:  # the runs of a scaling page: RUN_DIR (if given) and the others
+        runs = ([run_dir] if run_dir else []) + list(scaling)
+        if len(runs) < 2:
+            raise TraceError(
+                "--scaling needs two runs or more (of one job at different world sizes)"
+            )
+        run_dir, scaling = runs[0], runs[1:]
     return serve(
-        args.run_dir,
+        run_dir,
         args.host,
         args.port,
         run_id=args.run_id,
         verbose=args.verbose,
         compare=args.compare,
+        scaling=scaling,
     )
 
 
@@ -546,8 +556,11 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
 def _add_dashboard(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dashboard",
-        help="serve a web page to explore a run: heat map, timeline, stragglers",
-        description="Serve a Dash page for one run (bound to 127.0.0.1 unless --host is given).",
+        help="serve a web page to explore a run: heat map, timeline, stragglers (or two runs "
+        "compared, or runs at several world sizes)",
+        description="Serve a Dash page for one run, for two runs compared (--compare) or for "
+        "runs of one job at several world sizes (--scaling), bound to 127.0.0.1 unless --host "
+        "is given.",
     )
     p.add_argument(
         "run_dir",
@@ -559,11 +572,21 @@ def _add_dashboard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-id", default=None, help="run to read when the directory holds several")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050)")
-    p.add_argument(
+    other = p.add_mutually_exclusive_group()
+    other.add_argument(
         "--compare",
         metavar="RUN_B",
         default=None,
         help="serve RUN_DIR (A) and RUN_B side by side: what changed and where (as hvtrace diff)",
+    )
+    other.add_argument(
+        "--scaling",
+        metavar="RUN",
+        nargs="+",
+        default=None,
+        help="serve RUN_DIR and these runs of the same job at other world sizes as one page: "
+        "the efficiency curve with the next size's prediction, and the time lost in parts that "
+        "add up (as hvtrace scaling)",
     )
     p.set_defaults(func=_cmd_dashboard)
 
