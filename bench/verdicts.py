@@ -3,9 +3,11 @@
 Every case is a real ``horovodrun --gloo`` job of one of hvtrace's example scripts (the demo MLP,
 a small CNN, Lightning), either clean (a correct job) or with one known fault injected (a sleep
 or extra compute in one rank's phase, a busy process pinned to one rank's core, blocking work on
-rank 0, a missing broadcast, learning rates driven apart). Each runs at 2 and 4 ranks, on a quiet
-host and on a busy one (a neighbour process that keeps one core busy for the whole job). The run
-is analyzed (``hvtrace analyze --json``) and every verdict is scored against what was injected:
+rank 0, a missing broadcast, learning rates driven apart, ranks out of lockstep: a rank that
+stops early, skips a batch, or issues a collective a step late). Each runs at 2 and 4 ranks, on a
+quiet host and on a busy one (a neighbour process that keeps one core busy for the whole job).
+The run is analyzed (``hvtrace analyze --json``) and every verdict is scored against what was
+injected:
 
 - offline (the report's findings): **right** (the injected rank, phase and cause are named, and
   the step it began where the fault began mid-run), **wrong** (something is named, but not
@@ -55,7 +57,7 @@ RANK_KINDS = ("straggler", "contention", "rank0_blocking", "slow_host", "collect
 #: Warnings a clean job must not get (a rank or host named slow, ranks apart); a host-level
 #: contention finding, communication-bound steps and the cost of a collective are measurements
 #: of the host and the job, listed as notes (see score_offline).
-CLEAN_FORBIDDEN = (*RANK_KINDS, "divergence", "late_unexplained")
+CLEAN_FORBIDDEN = (*RANK_KINDS, "divergence", "late_unexplained", "lockstep")
 
 
 def _host_level(f: dict[str, Any]) -> bool:
@@ -88,6 +90,13 @@ def _fault(rank: int, phases: tuple[str, ...], cause: str, from_step: int | None
         "cause": cause,
         "from_step": from_step,
     }
+
+
+def _lockstep(rank: int, step: int, what: str) -> dict:
+    """Ranks out of lockstep: ``rank`` named at ``step`` (± 1: a stop is named after the last
+    step taken), ``what`` it did (``stopped``, ``skipped``: a step fewer, ``sequence``: another
+    collective count at that step)."""
+    return {"kind": "lockstep", "rank": rank, "step": step, "what": what}
 
 
 def cases(steps: int, slow_ms: float) -> list[Case]:
@@ -194,6 +203,38 @@ def cases(steps: int, slow_ms: float) -> list[Case]:
             ("--lr-skew-rank", "1", "--lr-skew-step", str(mid), "--consistency-every", "10"),
             {"kind": "divergence", "step": mid},
             held_out=True,
+        ),
+        # ranks out of lockstep (issue 44): a decision taken on one rank's view, exit 0
+        Case(
+            "end-early",
+            "train",
+            ("--end-early-rank", "0", "--stop-step", str(mid)),
+            _lockstep(0, mid - 1, "stopped"),
+        ),
+        Case(
+            "skip-step",
+            "train",
+            ("--skip-step-rank", "1", "--stop-step", str(mid)),
+            _lockstep(1, mid, "skipped"),
+        ),
+        Case(
+            "late-metric",
+            "train",
+            ("--late-metric-rank", "1", "--stop-step", str(mid)),
+            _lockstep(1, mid + 1, "sequence"),
+            held_out=True,
+        ),
+        Case(
+            "skip-lightning",
+            "train_lightning",
+            (*lit, "--skip-step-rank", "1", "--skip-at", str(mid)),
+            _lockstep(1, mid, "skipped"),
+            nps=(2,),
+            held_out=True,
+        ),
+        # in step, though one rank skipped a backward (Horovod allreduces zeros for it)
+        Case(
+            "clean-skip-backward", "train", ("--skip-backward-rank", "1", "--stop-step", str(mid))
         ),
     ]
 
@@ -336,6 +377,12 @@ def score_offline(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> di
             "evidence": [f["message"][:160] for f in bad],
             "notes": notes,
         }
+    if exp["kind"] == "lockstep":
+        lock = [f for f in findings if f["kind"] == "lockstep"]
+        if not lock:
+            return {"score": "missed", "evidence": [f["message"][:160] for f in warnings][:3]}
+        ok = _lockstep_ok(lock[0].get("data") or {}, exp) and len(lock) == 1
+        return {"score": "right" if ok else "wrong", "evidence": [lock[0]["message"][:160]]}
     if exp["kind"] == "divergence":
         div = [f for f in findings if f["kind"] == "divergence" and f["severity"] == "warning"]
         if not div:
@@ -352,6 +399,21 @@ def score_offline(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> di
     return {"score": "missed", "evidence": [f["message"][:160] for f in warnings][:3]}
 
 
+def _lockstep_ok(b: dict[str, Any], exp: dict[str, Any]) -> bool:
+    """A lockstep break (the analysis's, or a live event) names the expected rank alone, at the
+    expected step (or lists it among the steps the rank skipped), for the expected reason."""
+    if list(b.get("ranks") or [b.get("rank")]) != [exp["rank"]]:
+        return False
+    step = b.get("step", b.get("last_step"))
+    at_step = step is not None and abs(int(step) - exp["step"]) <= 1
+    skipped = exp["step"] in (b.get("skipped_steps") or []) or bool(b.get("skipped"))
+    if exp["what"] == "skipped":
+        return skipped and (at_step or exp["step"] in (b.get("skipped_steps") or []))
+    if exp["what"] == "stopped":
+        return b.get("kind") == "stopped" and (at_step or b.get("first_step") is not None)
+    return at_step
+
+
 def score_live(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> dict[str, Any]:
     """Live verdicts (rank 0's recorded events): the same scores, and the delay in steps."""
     events = [e for e in rep.get("live", []) if isinstance(e, dict)]
@@ -359,6 +421,14 @@ def score_live(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> dict[
     host_lines = [e for e in events if e.get("event") == "contended"]
     exp = case.expect
     res: dict[str, Any] = {"lines": len(events), "host_lines": len(host_lines)}
+    lock = [e for e in events if e.get("event") == "lockstep"]
+    if exp is not None and exp["kind"] == "lockstep":
+        if not lock:
+            return {**res, "score": "missed", "evidence": [_short(e) for e in late[:3]]}
+        ok = _lockstep_ok(lock[0], exp) and not late
+        return {**res, "score": "right" if ok else "wrong", "evidence": [_short(lock[0])]}
+    if exp is None and lock:
+        return {**res, "score": "false_alarm", "evidence": [_short(e) for e in lock[:3]]}
     if exp is None or exp["kind"] == "divergence":
         if late:
             return {**res, "score": "false_alarm", "evidence": [_short(e) for e in late[:3]]}

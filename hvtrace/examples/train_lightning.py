@@ -109,6 +109,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ranks subtract 0.1 (before any averaging): its own val_loss gets worse at every "
         "validation while the others' improve",
     )
+    p.add_argument(
+        "--skip-step-rank",
+        type=int,
+        default=-1,
+        metavar="RANK",
+        help="this rank's training_step returns None at --skip-at (a 'bad loss' guard on one "
+        "rank: Lightning skips that batch's backward and update there alone)",
+    )
+    p.add_argument(
+        "--skip-at",
+        type=int,
+        default=12,
+        metavar="BATCH",
+        help="with --skip-step-rank: the batch index (in each epoch)",
+    )
     p.add_argument("--log-dir", default=None, help="CSV logger here (log every 5 steps)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
     p.add_argument(
@@ -195,8 +210,10 @@ def _module_class() -> type:
             plateau: bool = False,
             val_sync: bool = True,
             val_drift: float = 0.0,
+            skip_at: int = -1,
         ) -> None:
             super().__init__()
+            self.skip_at = skip_at
             self.val_drift = val_drift
             self._validations = 0
             self.plateau = plateau
@@ -211,7 +228,9 @@ def _module_class() -> type:
                 time.sleep(self.slow_forward_s)
             return self.net(x)
 
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+            if batch_idx == self.skip_at:
+                return None  # Lightning skips this batch's backward and optimizer step
             x, y = batch
             loss = F.cross_entropy(self(x), y)
             self.log("train_loss", loss)
@@ -290,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         val_drift=(0.1 if rank == args.val_drift_rank else -0.1)
         if args.val_drift_rank >= 0
         else 0.0,
+        skip_at=args.skip_at if rank == args.skip_step_rank else -1,
     )
     if slow_s and args.slow_phase == "backward":
         slow_backward(model.net, slow_s)

@@ -7,6 +7,7 @@
   the same count, twice Lightning's global steps; ``accumulate_grad_batches=1`` is quiet.
 - Rank 0 alone stops at Lightning's global step 8 while accumulating over 2 micro-batches: the
   lockstep finding names hvtrace's step and Lightning's (hvtrace step // 2) beside it.
+- Rank 1's ``training_step`` returns None at batch 12: named at rank 1, step 12.
 - ``EarlyStopping(patience=2)`` and ``ModelCheckpoint(monitor="val_loss", save_top_k=2)`` on each
   rank's own ``val_loss`` (not averaged), rank 1's getting worse at every validation while rank
   0's improves (``--val-drift-rank 1``): the job stops at the third validation on rank 1's view,
@@ -125,6 +126,21 @@ def test_a_lockstep_break_names_lightnings_step_beside_hvtraces(tmp_path_factory
     (f,) = job.kinds("lockstep")
     assert "rank 0 stopped training after step 15 (Lightning global_step 7)" in f.message
     assert f"went on to step {end} (Lightning global_step {end // 2})" in f.message
+
+
+def test_a_training_step_skipped_on_one_rank_is_named_at_its_step(tmp_path_factory) -> None:
+    """Rank 1's ``training_step`` returns None at batch 12 (a "bad loss" guard on one rank):
+    Lightning skips that batch's backward and update there alone, so from step 12 on rank 1's
+    gradient allreduces pair with rank 0's of another step. Named at rank 1, step 12, with what
+    it did not do; the job itself ends with exit 0 and nothing in its output says so."""
+    job = _job(tmp_path_factory, "--steps", "20", "--skip-step-rank", "1", "--skip-at", "12")
+    (b,) = job.a.lockstep
+    assert (b["step"], b["ranks"], b["others"], b.get("skipped")) == (12, [1], [0], True), b
+    assert b["counts"]["1"] == 0 and b["counts"]["0"] > 0, b
+    (f,) = job.kinds("lockstep")
+    assert f.severity == "warning" and job.a.findings[0].kind == "lockstep"
+    assert "rank 1 skipped step 12 (no backward, no allreduce)" in f.message, f.message
+    assert "from then on the ranks' collectives pair with other steps'" in f.message
 
 
 # -- what the callbacks did ------------------------------------------------------------------------
