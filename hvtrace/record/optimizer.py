@@ -48,6 +48,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +259,20 @@ def finish(sync_clock: bool = True) -> None:
         tr.finish(sync_clock=sync_clock)
 
 
+def _step_method(hook: Callable[..., Any], dist: Any) -> Any:
+    """``hook`` (the compiled ``c_step`` or the tracer's ``_step``) as a method of the optimizer
+    ``dist``: what PyTorch expects ``optimizer.step`` to be. An LR scheduler built on the
+    optimizer rebinds ``optimizer.step.__func__`` to the optimizer (torch's
+    ``LRScheduler.__init__``); a builtin has no ``__func__`` and the tracer's own method would be
+    called with the optimizer as its ``self``."""
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return hook(*args, **kwargs)
+
+    step.__doc__ = getattr(type(dist).step, "__doc__", None)
+    return types.MethodType(step, dist)
+
+
 class Tracer(TracerHooks):
     """Attaches a :class:`~hvtrace.record.recorder.Recorder` to one Horovod distributed optimizer
     instance (set up by :func:`~hvtrace.record.opening.open_recording`).
@@ -355,7 +371,7 @@ class Tracer(TracerHooks):
                 dist._grouped_allreduce_grad_async, _group_key
             )
         hooks = self.hooks()
-        dist.synchronize, dist.step = hooks["synchronize"], hooks["step"]
+        dist.synchronize, dist.step = hooks["synchronize"], _step_method(hooks["step"], dist)
         dist._hvtrace = self
         collectives.install(self)
         elastic.install(self)
