@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -776,6 +776,23 @@ def saved_or_analyzed(run: Run) -> Any:
     return a
 
 
+def open_analyses(runs: Iterable[tuple[str, str | Path]]) -> list[Any]:
+    """Open each ``(label, run directory)``, say so, log its problems, and return each run's
+    analysis, read from its saved analysis when it has one (the compare and scaling pages)."""
+    from hvtrace.load import open_run
+
+    analyses = []
+    for label, d in runs:
+        if not Path(d).exists():
+            raise TraceError(f"{d}: no such directory")
+        run = open_run(d)
+        print(printable(f"hvtrace dashboard: {label}: {run.run_id} ({d}) ..."), flush=True)
+        for msg in run.problems:
+            log.warning("%s", msg)
+        analyses.append(saved_or_analyzed(run))
+    return analyses
+
+
 def serve_compare(
     run_a: str | Path, run_b: str | Path, host: str, port: int, verbose: bool = False
 ) -> int:
@@ -783,18 +800,9 @@ def serve_compare(
     from hvtrace_dashboard.compare import create_compare_app
 
     from hvtrace.analysis.diff import diff_runs
-    from hvtrace.load import open_run
 
     t0 = time.perf_counter()
-    analyses = []
-    for label, d in (("A", run_a), ("B", run_b)):
-        if not Path(d).exists():
-            raise TraceError(f"{d}: no such directory")
-        run = open_run(d)
-        print(printable(f"hvtrace dashboard: run {label}: {run.run_id} ({d}) ..."), flush=True)
-        for msg in run.problems:
-            log.warning("%s", msg)
-        analyses.append(saved_or_analyzed(run))
+    analyses = open_analyses([("run A", run_a), ("run B", run_b)])
     app = create_compare_app(diff_runs(*analyses))
     url = f"http://{host}:{port}/"
     print(

@@ -17,7 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, dcc
 from dash import html as H
-from hvtrace_dashboard.figures import empty_figure, esc
+from hvtrace_dashboard.figures import empty_figure, esc, one_page_app
 
 from hvtrace.analysis.diff import RunDiff
 from hvtrace.export.diff import comm_rows, config_rows, headline, straggler_lines
@@ -124,13 +124,5 @@ def compare_layout(d: RunDiff) -> Any:
 
 def create_compare_app(d: RunDiff) -> Dash:
     """The Dash app of the compare page (one page, no callbacks)."""
-    app = Dash(
-        __name__,
-        title=f"hvtrace · {html.escape(printable(d.a_id))} vs {html.escape(printable(d.b_id))}",
-        update_title=None,
-        serve_locally=True,
-        assets_ignore=".*",
-    )
-    app.server.config["MAX_CONTENT_LENGTH"] = 1 << 20
-    app.layout = compare_layout(d)
-    return app
+    title = f"hvtrace · {html.escape(printable(d.a_id))} vs {html.escape(printable(d.b_id))}"
+    return one_page_app(title, compare_layout(d))

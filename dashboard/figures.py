@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from dash import Dash
 from plotly.subplots import make_subplots
 
 from hvtrace.units import format_bytes, printable
@@ -668,3 +669,13 @@ def tensor_figure(
 def bench_builders(data: Any) -> dict[str, Callable[[], go.Figure]]:
     """Return {name: zero-argument builder} for every figure of the page (for the benchmark)."""
     return data.figure_builders()
+
+
+def one_page_app(title: str, layout: Any) -> Dash:
+    """A Dash app of one page and no callbacks (the compare and scaling pages): its assets
+    served locally, none picked up from the folder, request bodies bounded to 1 MiB. ``title``
+    must already be escaped."""
+    app = Dash(__name__, title=title, update_title=None, serve_locally=True, assets_ignore=".*")
+    app.server.config["MAX_CONTENT_LENGTH"] = 1 << 20
+    app.layout = layout
+    return app

@@ -23,7 +23,7 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import Dash, dcc
 from dash import html as H
-from hvtrace_dashboard.figures import empty_figure, esc
+from hvtrace_dashboard.figures import empty_figure, esc, one_page_app
 
 from hvtrace.analysis.scaling import LOSS_LABELS, LOSS_PARTS, Scaling
 from hvtrace.units import printable
@@ -296,39 +296,23 @@ def run_hosts(s: Scaling, analyses: Sequence[Any]) -> list[list[str]]:
 def create_scaling_app(s: Scaling, hosts: Sequence[Sequence[str]] | None = None) -> Dash:
     """The Dash app of the scaling page (one page, no callbacks)."""
     sizes = ", ".join(str(int(n)) for n in s.runs["size"])
-    app = Dash(
-        __name__,
-        title=f"hvtrace · scaling at {html.escape(sizes)} ranks",
-        update_title=None,
-        serve_locally=True,
-        assets_ignore=".*",
-    )
-    app.server.config["MAX_CONTENT_LENGTH"] = 1 << 20
-    app.layout = scaling_layout(s, hosts)
-    return app
+    title = f"hvtrace · scaling at {html.escape(sizes)} ranks"
+    return one_page_app(title, scaling_layout(s, hosts))
 
 
 def serve_scaling(
     run_dirs: Sequence[str | Path], host: str, port: int, verbose: bool = False
 ) -> int:
     """Serve the scaling page of ``run_dirs`` (two or more) until Ctrl-C."""
-    from hvtrace_dashboard.app import _run_app, saved_or_analyzed
+    from hvtrace_dashboard.app import _run_app, open_analyses
 
     from hvtrace.analysis.scaling import scaling
-    from hvtrace.load import TraceError, open_run
+    from hvtrace.load import TraceError
 
     if len(run_dirs) < 2:
         raise TraceError("--scaling needs two runs or more (of one job at different world sizes)")
     t0 = time.perf_counter()
-    analyses = []
-    for k, d in enumerate(run_dirs, 1):
-        if not Path(d).exists():
-            raise TraceError(f"{d}: no such directory")
-        run = open_run(d)
-        print(printable(f"hvtrace dashboard: run {k}: {run.run_id} ({d}) ..."), flush=True)
-        for msg in run.problems:
-            log.warning("%s", msg)
-        analyses.append(saved_or_analyzed(run))
+    analyses = open_analyses((f"run {k}", d) for k, d in enumerate(run_dirs, 1))
     s = scaling(analyses)
     app = create_scaling_app(s, run_hosts(s, analyses))
     url = f"http://{host}:{port}/"
