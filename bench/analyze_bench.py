@@ -25,6 +25,13 @@ printed next to the figures.
     python bench/analyze_bench.py --ranks 128 --steps 1500 --tensors 96        # 20 M spans
     python bench/analyze_bench.py --ranks 512 --steps 4000 --tensors 96 \\
         --goal-s 180 --goal-mb 3072                                          # 200 M spans
+
+``--memory-limits LIST`` runs instead the whole command at each ``--memory-limit`` of LIST
+(``default``: none given) and prints the spans per group the engine cut the run into beside the
+peak RSS: what the limit bounds, measured (docs/scale.md quotes it).
+
+    python bench/analyze_bench.py --ranks 1 --steps 37000 --tensors 96 \\
+        --memory-limits 64MiB,256MiB,1GiB,default                           # 3.8 M spans, 1 rank
 """
 
 from __future__ import annotations
@@ -106,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--goal-window-s", type=float, default=5.0)
     p.add_argument("--json", default=None, help="write the figures here")
     p.add_argument("--dask", default="local:2", help="the Dask case's --dask ('': none)")
+    p.add_argument(
+        "--memory-limits",
+        default=None,
+        metavar="LIST",
+        help="instead of the cases above: the whole command at each --memory-limit of LIST "
+        "(comma-separated sizes; 'default' for none given), its peak RSS beside the limit",
+    )
     args = p.parse_args(argv)
     slow = args.ranks // 3 if args.slow_rank is None else args.slow_rank
     tmp = Path(tempfile.mkdtemp(prefix="hvtrace-analyze-"))
@@ -131,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         hv = [sys.executable, "-m", "hvtrace.cli", "analyze", str(run_dir)]
+        if args.memory_limits:
+            return _memory_limits(args, hv, tmp, spans, params)
         lo = max(1, args.steps // 2)
         cases = [
             ("engine", [*hv, "--json", str(tmp / "engine.json")], tmp / "engine.json", spans),
@@ -192,6 +208,39 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps({"params": params, "rows": rows}, indent=1))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def _memory_limits(
+    args: argparse.Namespace, hv: list[str], tmp: Path, spans: int, params: dict
+) -> int:
+    """The whole command at each limit of ``--memory-limits``: wall time and peak RSS (the
+    analyzing process: its ``getrusage`` peak), and the groups the engine cut the spans into."""
+    from hvtrace.analysis.engine import GROUP_SPANS, group_spans, parse_size
+
+    rows = []
+    for limit in (x.strip() for x in args.memory_limits.split(",") if x.strip()):
+        out = tmp / f"limit-{limit}.json"
+        cmd = [*hv, "--json", str(out)]
+        if limit != "default":
+            cmd += ["--memory-limit", limit]
+        print(f"running --memory-limit {limit} ...", file=sys.stderr, flush=True)
+        m = measure(cmd)
+        if m["rc"] != 0:
+            print(f"{limit}: exit {m['rc']}: {m['stderr']}", file=sys.stderr)
+        per_group = group_spans(None if limit == "default" else parse_size(limit))
+        rows.append({"limit": limit, "group_spans": per_group, **m, "named": named(out)})
+    print()
+    print(f"{'--memory-limit':<15} {'group spans':>12} {'wall s':>8} {'peak MB':>8}  stragglers")
+    print(f"{'-' * 15} {'-' * 12} {'-' * 8} {'-' * 8}  {'-' * 10}")
+    for r in rows:
+        print(
+            f"{r['limit']:<15} {r['group_spans']:>12,} {r['wall_s']:8.2f} {r['peak_mb']:8.0f}  "
+            f"{r['named']}"
+        )
+    print(f"\n({spans:,} spans; a group holds at most {GROUP_SPANS:,} spans)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"params": params, "rows": rows}, indent=1))
     return 0
 
 

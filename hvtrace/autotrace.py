@@ -13,6 +13,16 @@ they patch has loaded:
   with Horovod's own function: a job is traced once.
 - :func:`patch_lightning`: a ``Trainer(strategy="horovod")`` without
   :class:`hvtrace.lightning.HvtraceCallback` in its callbacks gets one.
+- :func:`patch_plain` (with :func:`patch_horovod_torch`): a job that never builds Horovod's
+  optimizer, and averages its gradients itself (``hvd.allreduce`` on each ``p.grad``, then a
+  plain ``torch.optim`` optimizer), is traced through that plain optimizer: the one whose state
+  the job broadcast (``hvd.broadcast_optimizer_state(opt, ...)``), else the first stepped that
+  holds parameters the job broadcast (``hvd.broadcast_parameters(...)``). A broadcast is a
+  collective every rank makes, so every rank has that optimizer and steps it; its tracer is
+  attached at the end of its first ``step()`` (torch's global step post-hook; the clock
+  handshake, a collective, runs there on every rank), and records from the next step on
+  (:func:`attach_plain`, :mod:`hvtrace.record.plain`). Nothing happens once a Horovod optimizer
+  is traced.
 
 Every patch passes Horovod's and Lightning's own exceptions through unchanged and catches its own:
 a failure disables tracing with one warning, and the job runs as it would without hvtrace.
@@ -51,10 +61,14 @@ def patch_horovod_torch(hvd: Any) -> None:
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if not caller.startswith(_TRACED_ELSEWHERE):
             attach(dist)
+            if _plain.hook is not None and getattr(dist, "_hvtrace", None) is not None:
+                _stop_watching()  # a Horovod optimizer is traced: no plain one will be
+                remove_hook()
         return dist
 
     setattr(DistributedOptimizer, ORIGINAL_ATTR, original)
     hvd.DistributedOptimizer = DistributedOptimizer
+    patch_plain(hvd)
 
 
 def attach(dist: Any) -> Any:
@@ -74,6 +88,177 @@ def attach(dist: Any) -> Any:
         tracer = trace_optimizer(dist, finder)
         if tracer is None:
             finder.close()
+        return tracer
+    except Exception as exc:  # noqa: BLE001 - tracing never takes the job down
+        log.warning("hvtrace: could not trace by environment (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+# -- a plain optimizer: the job averages its gradients itself -----------------------------------
+class _Plain:
+    """What the broadcasts told of a plain optimizer to trace (see :func:`patch_plain`)."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        #: Plain optimizers whose state the job broadcast.
+        self.optimizers: Any = weakref.WeakSet()
+        #: The broadcast parameters' storage (``data_ptr()``) -> their names ("" when unnamed).
+        self.params: dict[int, str] = {}
+        #: torch's global step post-hook, once installed (until removed at a safe point).
+        self.hook: Any = None
+        #: The hook has done its part (it returns at once until it is removed: torch iterates
+        #: the global hooks while it runs, so it cannot remove itself).
+        self.done = False
+        #: Inside ``hvd.broadcast_optimizer_state`` (whose own ``step()`` initializes the state).
+        self.inside = 0
+
+
+_plain = _Plain()
+
+
+def patch_plain(hvd: Any) -> None:
+    """Make ``hvd.broadcast_optimizer_state`` and ``hvd.broadcast_parameters`` (``hvd`` is
+    ``horovod.torch``) note what a job without Horovod's optimizer trains with: after Horovod's
+    broadcast, the optimizer (a plain one) or the parameters' storage and names; the first such
+    note installs torch's global step post-hook (:func:`_first_step`). Horovod's arguments,
+    results and errors pass through unchanged."""
+    for fn_name in ("broadcast_optimizer_state", "broadcast_parameters"):
+        original = getattr(hvd, fn_name, None)
+        if not callable(original) or getattr(original, ORIGINAL_ATTR, None) is not None:
+            continue
+        wrapper = _broadcast_wrapper(original, fn_name == "broadcast_optimizer_state")
+        setattr(wrapper, ORIGINAL_ATTR, original)
+        setattr(hvd, fn_name, wrapper)
+
+
+def _broadcast_wrapper(original: Any, of_state: bool) -> Any:
+    @functools.wraps(original)
+    def broadcast(*args: Any, **kwargs: Any) -> Any:
+        if of_state:
+            _plain.inside += 1
+        try:
+            out = original(*args, **kwargs)  # Horovod's errors, unchanged
+        finally:
+            if of_state:
+                _plain.inside -= 1
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith(_TRACED_ELSEWHERE):
+            first = args[0] if args else kwargs.get("optimizer" if of_state else "params")
+            _note(first, of_state)
+        return out
+
+    return broadcast
+
+
+def _note(what: Any, of_state: bool) -> None:
+    """Note a broadcast optimizer (``of_state``) or parameters. Never raises."""
+    try:
+        from hvtrace.record.optimizer import tracing_enabled
+        from hvtrace.record.recorder import running_tracer
+
+        if not tracing_enabled() or running_tracer() is not None:
+            return
+        remove_hook()
+        if _plain.done:
+            return
+        if of_state:
+            if _is_horovod_optimizer(what):
+                return
+            _plain.optimizers.add(what)
+        else:  # what Horovod accepts: a dict, or a list of tensors or (name, tensor) pairs
+            items = list(what.items()) if isinstance(what, dict) else what
+            for item in items if isinstance(items, list) else ():
+                name, t = item if isinstance(item, tuple) and len(item) == 2 else ("", item)
+                if hasattr(t, "data_ptr"):
+                    _plain.params.setdefault(int(t.data_ptr()), str(name or ""))
+        if _plain.hook is None:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _plain.hook = register_optimizer_step_post_hook(_first_step)
+    except Exception as exc:  # noqa: BLE001 - tracing never takes the job down
+        log.warning(
+            "hvtrace: could not look for a plain optimizer (%s: %s)", type(exc).__name__, exc
+        )
+
+
+def _is_horovod_optimizer(opt: Any) -> bool:
+    return hasattr(opt, "_allreduce_grad_async") or getattr(opt, "_hvtrace", None) is not None
+
+
+def _stop_watching() -> None:
+    """The global hook has done its part: from now on it returns at once, until
+    :func:`remove_hook` removes it outside torch's iteration of the hooks."""
+    _plain.done = True
+
+
+def remove_hook() -> None:
+    """Remove torch's global step post-hook once it has done its part. Call it where torch is
+    not iterating its global post-hooks (not from a post-hook): the next broadcast, Horovod's
+    optimizer built, the traced plain optimizer's first step pre-hook."""
+    if _plain.done and _plain.hook is not None:
+        hook, _plain.hook = _plain.hook, None
+        hook.remove()
+
+
+def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """torch's global step post-hook, until a tracer runs: the first plain optimizer the
+    broadcasts named that finishes a ``step()`` is traced (:func:`attach_plain`)."""
+    if _plain.done or _plain.inside:  # (inside: broadcast_optimizer_state's own step)
+        return
+    try:
+        from hvtrace.record.optimizer import tracing_enabled
+        from hvtrace.record.recorder import running_tracer
+
+        if running_tracer() is not None or not tracing_enabled():
+            _stop_watching()  # a Horovod optimizer is traced (or tracing is off): not needed
+            return
+        if _is_horovod_optimizer(optimizer):  # the job has Horovod's optimizer: not plain
+            _stop_watching()
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        known = _plain.params
+        if optimizer not in _plain.optimizers and not any(
+            int(p.data_ptr()) in known for p in params
+        ):
+            return
+        _stop_watching()
+        names = {p: known[int(p.data_ptr())] for p in params if known.get(int(p.data_ptr()))}
+        attach_plain(optimizer, names)
+    except Exception as exc:  # noqa: BLE001
+        _stop_watching()
+        log.warning(
+            "hvtrace: could not trace the plain optimizer (%s: %s)", type(exc).__name__, exc
+        )
+
+
+def attach_plain(optimizer: Any, names: dict[Any, str] | None = None) -> Any:
+    """Trace ``optimizer``, a plain torch optimizer of a job without Horovod's (see the module
+    doc), with the environment's settings and a :class:`ModelFinder`; ``names``: parameter ->
+    name. A collective (the clock handshake): call it on every rank at the same point. Returns
+    the tracer or None. Never raises."""
+    try:
+        import horovod.torch as hvd
+
+        from hvtrace.record import plain
+        from hvtrace.record.optimizer import trace_optimizer, tracing_enabled
+
+        if not tracing_enabled() or getattr(optimizer, "_hvtrace", None) is not None:
+            return getattr(optimizer, "_hvtrace", None)
+        if not hvd.is_initialized():
+            return None
+        stand_in = plain.PlainOptimizer(optimizer, names)
+        finder = ModelFinder(stand_in)
+        tracer = trace_optimizer(stand_in, finder)
+        if tracer is None:
+            finder.close()
+            return None
+        plain.install(tracer, optimizer, first=remove_hook)
+        if tracer.rec.enabled and hvd.rank() == 0:
+            log.info(
+                "hvtrace: tracing %s, a plain optimizer (no Horovod optimizer was built)",
+                type(optimizer).__name__,
+            )
         return tracer
     except Exception as exc:  # noqa: BLE001 - tracing never takes the job down
         log.warning("hvtrace: could not trace by environment (%s: %s)", type(exc).__name__, exc)

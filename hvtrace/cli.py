@@ -501,8 +501,12 @@ def _add_analyze(sub: argparse._SubParsersAction) -> None:
         "--memory-limit",
         metavar="SIZE",
         default=None,
-        help="memory the query engine may use before spilling to disk, e.g. 2GB "
-        "(default: a quarter of this machine's memory)",
+        help="memory the query engine may use before spilling to disk, e.g. 2GB (default: a "
+        "quarter of this machine's memory); it also sizes the groups of spans reduced at once "
+        "(limit / 512 bytes, 100 k to 4 M spans; a larger rank is read a window of steps at a "
+        "time), which stay within about two thirds of it. Not bounded by it: about 110 MB of "
+        "libraries and what the cross-rank pass keeps, about 300 bytes per step and tensor at "
+        "its peak (docs/scale.md has the figures)",
     )
     p.add_argument(
         "--dask",

@@ -19,6 +19,9 @@ it has cores, two ranks share one GPU. Each is named with what it costs and what
   host on the same CUDA device (``shared_gpu``, by UUID, else PCI bus id).
 - **Learning rate and world size** (:func:`lr_summary`): the recorded learning rates beside the
   number of ranks, as information (the JSON's ``scale``).
+
+The same scan of the rank files reads the zero-row checks of large embedding gradients
+(``hvtrace.zero_rows|...``), which :mod:`hvtrace.analysis.gradients` judges.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from hvtrace.analysis.model import Analysis, Finding
-from hvtrace.format.schema import BATCH_NAME, LR_PREFIX
+from hvtrace.format.schema import BATCH_NAME, LR_PREFIX, ZERO_ROWS_PREFIX
 from hvtrace.load import RankSource
 from hvtrace.selection import StepRange, rank_runs
 from hvtrace.units import printable
@@ -40,12 +43,17 @@ MAX_GROUPS: Final = 8
 #: their work outside synchronize is an info note, not a warning (the threads were not all busy).
 OVERSUBSCRIBED_QUIET_SHARE: Final = 0.02
 
-#: The scalar rows both checks read, in one scan of the rank files: the batch fingerprints (the
-#: first of each rank and step) and the learning rates of one rank.
+#: The scalar rows the checks read, in one scan of the rank files: the batch fingerprints (the
+#: first of each rank and step), the learning rates of one rank, the zero-row checks.
 _SCAN_SQL = (
-    "SELECT rank, step, name::VARCHAR AS name, value, start_ns FROM ({src}) "
+    "SELECT rank, step, name::VARCHAR AS name, value, start_ns, bytes FROM ({src}) "
     f"WHERE kind = 'scalar' AND value IS NOT NULL AND {{where}} AND (name = '{BATCH_NAME}' OR "
-    f"(starts_with(name, '{LR_PREFIX}') AND rank = {{lr_rank}}))"
+    f"(starts_with(name, '{LR_PREFIX}') AND rank = {{lr_rank}}) OR "
+    f"starts_with(name, '{ZERO_ROWS_PREFIX}'))"
+)
+_ZERO_SQL = (
+    "SELECT rank, step, name, value, bytes FROM {table} "
+    f"WHERE starts_with(name, '{ZERO_ROWS_PREFIX}') ORDER BY step, rank, name"
 )
 _ROWS_SQL = (
     "SELECT step, rank, arg_min(value, start_ns) AS v FROM {table} "
@@ -70,21 +78,26 @@ def empty_batches() -> dict[str, Any]:
 
 def scan(
     sources: Sequence[RankSource], size: int, steps: StepRange | None = None, con: Any = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """:func:`batch_check` and :func:`lr_summary` of ``sources`` from one scan of the rank files
-    (the rows of both, few, in a temporary table). ``size``: the world size. ``con``: a DuckDB
-    connection used by this call alone (default: a new one). A damaged file leaves both empty,
-    with ``error`` in the first."""
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int, str, float, int]]]:
+    """:func:`batch_check` and :func:`lr_summary` of ``sources``, and the zero-row checks'
+    rows ``(rank, step, name, value, bytes)`` (for :func:`hvtrace.analysis.gradients.
+    zero_rows_summary`), from one scan of the rank files (the rows, few, in a temporary
+    table). ``size``: the world size. ``con``: a DuckDB connection used by this call alone
+    (default: a new one). A damaged file leaves all empty, with ``error`` in the first."""
     from hvtrace.analysis.engine import on_own_engine, span_query
 
     if con is None:
         return on_own_engine(
             lambda c: scan(sources, size, steps, c),
-            lambda error: ({**empty_batches(), "error": error}, {"size": int(size), "groups": []}),
+            lambda error: (
+                {**empty_batches(), "error": error},
+                {"size": int(size), "groups": []},
+                [],
+            ),
         )
     ranks = [int(s.rank) for s in sources if s.rank is not None]
     if not sources:
-        return empty_batches(), {"size": int(size), "groups": []}
+        return empty_batches(), {"size": int(size), "groups": []}, []
     lr_rank = min(ranks) if ranks else 0
     table = "hv_antipattern_rows"
     with span_query(con, sources, steps) as (src, where, params):
@@ -105,9 +118,10 @@ def scan(
 
         batches = _judge([(int(s), int(n), int(d)) for s, n, d in per_step], fetch)
         lrs = con.execute(_LR_SQL.format(table=table)).fetchall()
+        zero = con.execute(_ZERO_SQL.format(table=table)).fetchall()
     finally:
         con.execute(f"DROP TABLE IF EXISTS {table}")
-    return batches, _lr_groups(lrs, size, lr_rank)
+    return batches, _lr_groups(lrs, size, lr_rank), zero
 
 
 def batch_check(

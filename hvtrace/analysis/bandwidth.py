@@ -60,26 +60,36 @@ def _collective_times(out: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def finish_collectives(partials: pd.DataFrame) -> pd.DataFrame:
+def finish_collectives(partials: pd.DataFrame, grouped: bool = False) -> pd.DataFrame:
     """Return :func:`hvtrace.analysis.engine.collective_table` from per-group partial aggregates.
 
     ``partials``: one row per (step, name) per group of ranks, with ``n_spans`` (allreduce spans
     of that tensor in the group), ``bytes`` and ``dtype`` (max), ``first_start_ns`` /
     ``last_start_ns`` (earliest / latest enqueue) and ``end_ns`` (earliest observed completion),
     times on rank 0's clock. Partials of any grouping of ranks combine to the same table.
+    ``grouped``: ``partials`` already holds one row per (step, name), sorted by them (what the
+    engine's accumulator gives): the same table without grouping them again (a group of one row
+    aggregates to that row), which on a run of millions of (step, tensor) rows saves a copy
+    of the table and a sort of its names.
     """
     cols = COLLECTIVE_COLUMNS
     if partials.empty:
         return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
-    g = partials.groupby(list(COLLECTIVE_KEY), sort=True, observed=True)
-    out = g.agg(
-        n_ranks=("n_spans", "sum"),
-        bytes=("bytes", "max"),
-        dtype=("dtype", "max"),
-        first_start_ns=("first_start_ns", "min"),
-        last_start_ns=("last_start_ns", "max"),
-        end_ns=("end_ns", "min"),
-    ).reset_index()
+    if grouped:
+        keys = partials[list(COLLECTIVE_KEY)].isna().any(axis=1)
+        if keys.any():  # as grouping would: a row without its key is left out
+            partials = partials[~keys]
+        out = partials.rename(columns={"n_spans": "n_ranks"}).reset_index(drop=True)
+    else:
+        g = partials.groupby(list(COLLECTIVE_KEY), sort=True, observed=True)
+        out = g.agg(
+            n_ranks=("n_spans", "sum"),
+            bytes=("bytes", "max"),
+            dtype=("dtype", "max"),
+            first_start_ns=("first_start_ns", "min"),
+            last_start_ns=("last_start_ns", "max"),
+            end_ns=("end_ns", "min"),
+        ).reset_index()
     out = out.astype(
         {
             "step": np.int64,
@@ -121,11 +131,15 @@ def tensor_table(
     c = collectives
     if c.empty:
         return pd.DataFrame({k: pd.Series(dtype=float) for k in cols})
-    kept = c[c["step"] >= skip_steps]
-    c = kept if len(kept) else c
+    # the rows kept, and only the columns used, copied (a long run has millions of rows)
+    keep = (c["step"] >= skip_steps).to_numpy()
+    if not keep.any():
+        keep = np.ones(len(c), dtype=bool)
     if complete_only:
-        full = c[c["n_ranks"] >= size]
-        c = full if len(full) else c
+        full = keep & (c["n_ranks"] >= size).to_numpy()
+        keep = full if full.any() else keep
+    need = ["name", "dtype", "bytes", "time_ns", "spread_ns"]
+    c = c[need] if keep.all() else c.loc[keep, need]
     g = c.groupby("name", sort=False)
     out = pd.DataFrame(
         {
@@ -179,10 +193,14 @@ def comm_summary(
     a = analyzed_steps(steps, skip_steps)
     kept = set(a["step"].unique())
     sc = step_comm[step_comm["step"].isin(kept)] if len(step_comm) else step_comm
-    col = collectives[collectives["step"].isin(kept)] if len(collectives) else collectives
+    col = (
+        collectives.loc[collectives["step"].isin(kept), "bytes"]
+        if len(collectives)
+        else collectives.get("bytes", pd.Series(dtype=float))
+    )
     return {
         "tensors_per_step": float(a["n_allreduce"].median()) if len(a) else float("nan"),
-        "tensor_bytes_median": float(col["bytes"].median()) if len(col) else float("nan"),
+        "tensor_bytes_median": float(col.median()) if len(col) else float("nan"),
         "bytes_per_step": float(sc["bytes"].median()) if len(sc) else float("nan"),
         "comm_ms": float(sc["comm_ns"].median() / 1e6) if len(sc) else float("nan"),
         "algbw_gbps": float(sc["algbw_gbps"].median()) if len(sc) else float("nan"),

@@ -29,11 +29,12 @@ private directory under the system temp dir, never inside the run directory.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,8 +50,16 @@ from hvtrace.format.schema import COLLECTIVE_KEY, FILE_SCHEMA, FLAG_OWN, KINDS
 from hvtrace.load import RankSource, span_relation
 from hvtrace.selection import StepRange
 
-#: Spans a group may hold before it is split (numeric columns only: ~30 bytes per span in RAM).
+#: Most spans in one group (ranks are grouped up to this; a rank with more is split by steps).
 GROUP_SPANS = 4_000_000
+#: Fewest spans a group is cut to, whatever the memory limit.
+MIN_GROUP_SPANS = 100_000
+#: Memory per span of a group while hvtrace's numpy stage reduces it (its fetched columns, sorted
+#: copies and per-step work), and of the next group being fetched beside it: about 230 and 100
+#: bytes, measured by ``bench/analyze_bench.py --memory-limits``. A group gets
+#: ``memory limit / GROUP_BYTES_PER_SPAN`` spans, so the two in memory at once stay within about
+#: two thirds of the limit, beside DuckDB's own (within the limit).
+GROUP_BYTES_PER_SPAN = 512
 
 #: The collective key (:data:`~hvtrace.format.schema.COLLECTIVE_KEY`) in SQL, plain and of the
 #: span table ``s``.
@@ -79,6 +88,29 @@ def default_memory_limit_bytes() -> int:
     except (ValueError, OSError, AttributeError):
         total = 4 << 30
     return max(total // 4, 256 << 20)
+
+
+def group_spans(memory_limit_bytes: int | None = None) -> int:
+    """Spans per group for a memory limit (default: :func:`default_memory_limit_bytes`): the
+    limit / :data:`GROUP_BYTES_PER_SPAN`, from :data:`MIN_GROUP_SPANS` to :data:`GROUP_SPANS`."""
+    limit = int(memory_limit_bytes or default_memory_limit_bytes())
+    return int(min(GROUP_SPANS, max(MIN_GROUP_SPANS, limit // GROUP_BYTES_PER_SPAN)))
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Steps ``lo .. hi-1`` of one rank's spans (None: unbounded), read as one group when the
+    rank alone holds more spans than a group may (:meth:`Engine.step_windows`). Within the
+    selected steps; every step is in one window whole, so each (rank, step) is reduced once."""
+
+    lo: int | None
+    hi: int | None
+
+    def sql(self, column: str = "step") -> str:
+        """A SQL predicate selecting these steps from ``column``."""
+        parts = [f"{column} >= {int(self.lo)}"] if self.lo is not None else []
+        parts += [f"{column} < {int(self.hi)}"] if self.hi is not None else []
+        return " AND ".join(parts) or "TRUE"
 
 
 def parse_size(text: str) -> int:
@@ -166,6 +198,53 @@ class Engine:
         rows, offsets, n_read = reduce_steps(cols, sources)
         del cols
         return self.group_tables(sources, steps, rows, offsets, n_read)
+
+    def step_windows(
+        self, source: RankSource, steps: StepRange | None, max_spans: int
+    ) -> list[StepWindow]:
+        """Cut one rank's spans of ``steps`` into windows of whole steps of at most about
+        ``max_spans`` spans of work each ([] when it fits in one). The counts come from one
+        scan of the ``step`` and ``kind`` columns. A window read by the engine may skip Parquet
+        row groups by their footer's step statistics: each window's count is checked against
+        the scan's, and a rank whose statistics disagree is not cut ([]: read whole, as
+        before; so is one the engine cannot count, as one whose statistics DuckDB's grouping
+        trips on: reading it whole gives the usual error and the careful reader)."""
+        import duckdb
+
+        src, params, registered = span_relation(self.con, [source], self._names)
+        work = "kind NOT IN ('scalar', 'clock')"
+        where = steps.sql("step") if steps is not None else "TRUE"
+        try:
+            got = self.con.execute(
+                f"SELECT step, count(*) AS n FROM ({src}) WHERE {where} AND {work} "
+                "GROUP BY step ORDER BY step",
+                params,
+            ).fetchnumpy()
+            step = np.asarray(got["step"], np.int64)
+            n = np.asarray(got["n"], np.int64)
+            if int(n.sum()) <= max_spans:
+                return []
+            cut = np.flatnonzero(np.diff((np.cumsum(n) - n) // max(1, max_spans))) + 1
+            if not len(cut):
+                return []
+            edges = [
+                steps.first if steps is not None else None,
+                *step[cut].tolist(),
+                steps.stop if steps is not None else None,
+            ]
+            windows = [StepWindow(a, b) for a, b in itertools.pairwise(edges)]
+            want = np.add.reduceat(n, np.concatenate([[0], cut]))
+            for w, k in zip(windows, want.tolist()):
+                ((c,),) = self.con.execute(
+                    f"SELECT count(*) FROM ({src}) WHERE {w.sql('step')} AND {work}", params
+                ).fetchall()
+                if int(c) != k:
+                    return []
+        except duckdb.Error:
+            return []
+        finally:
+            self._unregister(registered)
+        return windows
 
     def fetch(self, sources: Sequence[RankSource], steps: StepRange | None) -> dict[str, Any]:
         """Stage 1 (DuckDB): the group's spans of ``steps`` that are a step's work, as numpy
@@ -322,7 +401,17 @@ class Engine:
         """The accumulated partial collectives, one row per (step, tensor) (empty if none)."""
         if not self._acc_rows:
             return pd.DataFrame(columns=self._COLL.split(", "))
-        out = self.con.execute(f"{self._MERGE} FROM hv_coll GROUP BY {_KEY}").df()
+        # streamed in batches into Arrow, then converted column by column, each Arrow column let
+        # go once converted: the table is held about once, not as DuckDB's whole result beside
+        # its pandas copy (one row per step and tensor: millions on a long run)
+        reader = self.con.sql(
+            f"{self._MERGE} FROM hv_coll GROUP BY {_KEY} ORDER BY {_KEY}"
+        ).to_arrow_reader(1 << 16)
+        table = reader.read_all()
+        del reader
+        out = table.to_pandas(split_blocks=True, self_destruct=True)
+        del table
+        out.attrs["grouped"] = True  # one row per key, sorted: finish_collectives need not group
         self._run("DROP TABLE IF EXISTS hv_coll")
         self._acc_rows = self._acc_merged = 0
         return out
@@ -661,7 +750,10 @@ def cross_rank(
     partials = [p.collectives for p in parts if p.collectives is not None]
     if collectives is not None:
         partials.append(collectives)
-    coll = finish_collectives(pd.concat(partials, ignore_index=True))
+    if len(partials) == 1 and partials[0].attrs.get("grouped"):  # the engine's, merged
+        coll = finish_collectives(partials[0], grouped=True)
+    else:
+        coll = finish_collectives(pd.concat(partials, ignore_index=True))
     return Summaries(
         steps,
         users,
@@ -837,14 +929,16 @@ def summarize(
     n_ranks: int | None = None,
     memory_limit_bytes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    max_group_spans: int = GROUP_SPANS,
+    max_group_spans: int | None = None,
     repair: Callable[[list[RankSource]], list[RankSource]] | None = None,
 ) -> Summaries:
     """Run both passes locally over ``sources``: the local DuckDB engine.
 
     Groups run one after the other, pipelined: while numpy reduces one group's spans, DuckDB
     (on a worker thread that alone uses the connection) reads the next group and aggregates the
-    previous one, so both cores work. At most two groups' spans are in memory at once.
+    previous one, so both cores work. At most two groups' spans are in memory at once. A group
+    holds at most ``max_group_spans`` spans (default :func:`group_spans` of the memory limit);
+    a rank with more is read a window of whole steps at a time (:meth:`Engine.step_windows`).
     ``progress(done, total)`` is called after each group with the ranks done so far.
     When DuckDB cannot read a group (a damaged file), ``repair(group)`` returns sources to use
     instead (say, what a careful reader salvaged) and the group is run again; without it, or if
@@ -854,7 +948,8 @@ def summarize(
 
     import duckdb
 
-    gs = list(groups(sources, max_group_spans))
+    max_spans = group_spans(memory_limit_bytes) if max_group_spans is None else max_group_spans
+    gs = list(groups(sources, max_spans))
     parts: list[Any] = []
     done = 0
     threads = max(1, (os.cpu_count() or 2) - 1)  # one core stays for numpy
@@ -862,43 +957,66 @@ def summarize(
         Engine(memory_limit_bytes, threads) as eng,
         ThreadPoolExecutor(1, "hvtrace-duckdb") as duck,
     ):
+        # (group index, group, its steps or window, ranks done once it is)
+        units: list[tuple[int, list[RankSource], Any, int]] = []
+        for gi, g in enumerate(gs):
+            done += len(g)
+            windows = (
+                duck.submit(eng.step_windows, g[0], steps, max_spans).result()
+                if len(g) == 1 and g[0].n_spans > max_spans
+                else []
+            )
+            for w, window in enumerate(windows):  # one rank's steps, a window at a time
+                # its row groups counted once, with the first window
+                first = g if w == 0 else [replace(g[0], row_groups_read=0, row_groups_total=0)]
+                units.append((gi, first, window, done if w == len(windows) - 1 else done - 1))
+            if not windows:
+                units.append((gi, g, steps, done))
+        repaired: dict[int, list[RankSource]] = {}
 
-        def again(g: list[RankSource], exc: Exception) -> GroupSummary:
+        def again(u: tuple[int, list[RankSource], Any, int], exc: Exception) -> GroupSummary:
+            gi, g, sel, _ = u
             if repair is None:
                 raise EngineError(_first_line(exc)) from None
+            if gi not in repaired:  # the careful reader reads a group once, for all its windows
+                repaired[gi] = repair(gs[gi])
+            fixed = repaired[gi]
+            if g is not gs[gi]:  # a later window: its row groups were counted with the first
+                fixed = [replace(s, row_groups_read=0, row_groups_total=0) for s in fixed]
             try:
-                return duck.submit(eng.rank_pass, repair(g), steps).result()
+                return duck.submit(eng.rank_pass, fixed, sel).result()
             except duckdb.Error as exc2:
                 raise EngineError(_first_line(exc2)) from None
 
-        fetched = duck.submit(eng.fetch, gs[0], steps) if gs else None
-        for i, g in enumerate(gs):
+        fetched = duck.submit(eng.fetch, units[0][1], units[0][2]) if units else None
+        for i, u in enumerate(units):
+            _, g, sel, ranks_done = u
             assert fetched is not None
             try:
                 cols: dict[str, Any] | None = fetched.result()
             except duckdb.Error as exc:
                 cols, failed = None, exc
-            if i + 1 < len(gs):
-                fetched = duck.submit(eng.fetch, gs[i + 1], steps)
+            if i + 1 < len(units):
+                fetched = duck.submit(eng.fetch, units[i + 1][1], units[i + 1][2])
             if cols is None:
-                parts.append((g, again(g, failed)))
+                parts.append((u, again(u, failed)))
             else:
                 rows, offsets, n_read = reduce_steps(cols, g)
                 del cols
-                job = duck.submit(eng.group_tables, g, steps, rows, offsets, n_read, True)
-                parts.append((g, job))
-            done += len(g)
-            if progress is not None:
-                progress(done, len(sources))
+                job = duck.submit(eng.group_tables, g, sel, rows, offsets, n_read, True)
+                del rows, offsets
+                parts.append((u, job))
+            if progress is not None and (i + 1 == len(units) or units[i + 1][3] != ranks_done):
+                progress(ranks_done, len(sources))
         results = []
-        for g, part in parts:
+        for u, part in parts:
             if isinstance(part, GroupSummary):
                 results.append(part)
                 continue
             try:
                 results.append(part.result())
             except duckdb.Error as exc:
-                results.append(again(g, exc))
+                results.append(again(u, exc))
         merged = duck.submit(eng.collectives).result()
     return cross_rank(results, n_ranks, merged)
 

@@ -22,6 +22,7 @@ from hvtrace.analysis.antipatterns import (
     unsharded_findings,
 )
 from hvtrace.analysis.consistency import divergence_findings
+from hvtrace.analysis.gradients import manual_findings, manual_sources, sparse_findings
 from hvtrace.analysis.links import link_words
 from hvtrace.analysis.lockstep import describe as describe_lockstep
 from hvtrace.analysis.model import Analysis, Finding
@@ -101,6 +102,8 @@ def make_findings(a: Analysis, config: StragglerConfig | None = None) -> list[Fi
     out += _contention(a)
     unexplained = _unexplained(a)
     out += unexplained
+    out += manual_findings(a)  # how the gradients are sent: by hand, dense with mostly zeros
+    out += sparse_findings(a)
     out += _outside(a)
     out += _comm_bound(a)
     out += _small_allreduces(a)
@@ -692,13 +695,19 @@ def _comm_bound(a: Analysis) -> list[Finding]:
     ratio = float("nan") if run["comm_compute_ratio"] is None else run["comm_compute_ratio"]
     ov = float("nan") if run["overlap"] is None else run["overlap"]
     env = a.horovod_env
+    by_hand = bool(((getattr(a, "gradients", None) or {}).get("manual") or {}).get("ranks"))
     msg = (
         f"communication-bound: in {share:.0%} of steps the last rank to be ready still waits "
         f"{exp_share:.0%} of the step for allreduces (median {exp_ms:.1f} of {step_ms:.1f} ms); "
         f"comm/compute {ratio:.1f}, {ov:.0%} of allreduce time hidden under backward. "
-        f"Try: a larger batch per worker, hvd.Compression.fp16 (now: "
-        f"{_compression(a.optimizer)}), {_knob(env, 'HOROVOD_FUSION_THRESHOLD')}, "
-        f"{_knob(env, 'HOROVOD_CYCLE_TIME')}"
+        + (
+            "The gradients are averaged by hand after the backward: first let a distributed "
+            "optimizer overlap and fuse their allreduces (see the manual-averaging finding)"
+            if by_hand
+            else f"Try: a larger batch per worker, hvd.Compression.fp16 (now: "
+            f"{_compression(a.optimizer)}), {_knob(env, 'HOROVOD_FUSION_THRESHOLD')}, "
+            f"{_knob(env, 'HOROVOD_CYCLE_TIME')}"
+        )
     )
     lim = a.limiting_link
     if lim is not None and lim["limits"]:
@@ -788,8 +797,11 @@ def _outside(a: Analysis) -> list[Finding]:
     lightning = a.lightning is not None
     cont = a.contention
     short = bool(len(cont) and "short" in cont.columns and cont["short"].astype(bool).any())
+    by_hand = manual_sources(a)  # the gradients' own allreduces: the manual-averaging finding's
     out = []
     for r in _merged_sources(t):
+        if by_hand and f"{r['op']}|{r['phase']}|{r['name']}" in by_hand:
+            continue
         share = float(r["step_share"])
         run_share = float(r.get("run_share", share))
         if not np.isfinite(run_share):

@@ -21,19 +21,39 @@ enqueue of the same tensor, same occurrence).
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import numpy as np
 import pandas as pd
 
 #: Most bytes of a timeline read (a larger file is read up to this much and marked partial).
 MAX_BYTES: Final = 2 << 30
+#: Bytes read at a time: the text held while reading is about this much (plus the event at hand).
+READ_BYTES: Final = 1 << 20
+#: Longest one event may be (Horovod's are under 200 characters): a longer one ends the read
+#: there, as an event that cannot be decoded does, and the events before it are kept.
+MAX_EVENT_CHARS: Final = 16 << 20
+#: Most activities, readiness events and activities still open kept from one timeline (each a
+#: few packed integers while reading): a timeline with more is read up to there, marked partial.
+#: A real one holds about 50 per step of a 10-tensor model: this is some 200,000 such steps.
+MAX_KEPT: Final = 10_000_000
+#: Most tensors (Horovod's ``pid``) tracked; the events of any further ones are left out, counted.
+MAX_TENSORS: Final = 1 << 16
+#: Most activities nested in one another on one tensor (Horovod nests 2 deep); deeper ones are
+#: left out, counted (each deeper begin's end is the next end on that tensor).
+MAX_DEPTH: Final = 32
+#: Most distinct activity names (Horovod has a few dozen); further ones are shown as
+#: :data:`OTHER_ACTIVITY`, counted.
+MAX_ACTIVITY_NAMES: Final = 1 << 12
+OTHER_ACTIVITY: Final = "(other)"
 #: Activities that are the transfer itself (nested in the operation).
 _TRANSFER = re.compile(r"^(GLOO|NCCL|MPI|CCL|DDL|ADASUM|ROCM|GPU)_")
 #: Horovod notes a rank ready when its coordinator receives the rank's request, in cycles of
@@ -83,115 +103,412 @@ class Timeline:
 
 
 def read_timeline(path: str | Path, max_bytes: int = MAX_BYTES) -> Timeline:
-    """Read a Horovod timeline file; raise :class:`TimelineError` when it is not one."""
+    """Read a Horovod timeline file; raise :class:`TimelineError` when it is not one.
+
+    The file is read streaming, :data:`READ_BYTES` at a time: memory holds one buffer of text and
+    what the analysis keeps (each activity and readiness as a few packed integers, see
+    :class:`_Builder`), never the file's events as Python objects."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+        f = open(path, "rb")  # noqa: SIM115 (closed below, also when reading fails)
     except OSError as exc:
         raise TimelineError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    build = _Builder()
+    stream = _EventStream(f, max_bytes)
     partial = ""
-    if len(raw) > max_bytes:
-        raw, partial = raw[:max_bytes], f"read the first {max_bytes} bytes only"
-    text = raw.decode("utf-8", errors="replace")
-    events, cut = _decode_events(text)
-    if cut and not partial:
-        partial = "cut off (the job was killed?): " + cut
-    if not events and not text.lstrip().startswith("["):
+    try:
+        with f:
+            for e in stream:
+                if type(e) is dict:
+                    build.add(e)
+                else:
+                    build.add_match(e)  # type: ignore[arg-type]
+                if build.full:
+                    partial = (
+                        f"stopped after {stream.dicts} events: {MAX_KEPT} activities and "
+                        "readiness events kept, the most one timeline keeps"
+                    )
+                    break
+    except OSError as exc:
+        raise TimelineError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not partial and stream.truncated:
+        partial = f"read the first {max_bytes} bytes only"
+    if stream.cut and not partial:
+        partial = "cut off (the job was killed?): " + stream.cut
+    if not stream.dicts and stream.lead != "[":
         raise TimelineError(f"{path}: not a Horovod timeline (no JSON array of events)")
-    return _build(path, events, partial)
+    return build.timeline(path, stream.dicts, partial)
 
 
-def _decode_events(text: str) -> tuple[list[dict], str]:
-    """The events of a JSON array, as many as parse: ``(events, why it stopped early or "")``."""
-    dec = json.JSONDecoder()
-    i = text.find("[")
-    if i < 0:
-        return [], "no opening bracket"
-    i += 1
-    n = len(text)
-    out: list[dict] = []
-    while True:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n:
-            return out, "no closing bracket"
-        if text[i] == "]":
-            return out, ""
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return out, f"an incomplete event after {len(out)} events"
-        except (ValueError, RecursionError):  # an integer too long, nesting too deep
-            return out, f"an event that cannot be decoded after {len(out)} events"
-        if isinstance(obj, dict):
-            out.append(obj)
+#: Separators skipped between the events of the array.
+_SEP = re.compile(r"[ \t\r\n,]*")
+#: A JSON string without escapes (nor the control characters JSON forbids in one).
+_STR = r'"([^"\\\x00-\x1f]*)"'
+_SKIPPED_STR = r'"[^"\\\x00-\x1f]*"'
+#: An event exactly as Horovod writes most of them (``{"ph": "E", "ts": 6041255, "pid": 23}``,
+#: begins with a ``name``, readiness with ``"dur": 0``, cycle marks with ``"s": "g"``, an
+#: operation's end with its ``dtype`` and ``shape``; times and pids as plain integers). Such an
+#: event is read from the match (groups: ph, name, ts, pid) without building a dict; whatever
+#: the pattern does not match exactly is decoded by :mod:`json`, so both give the same events.
+_PLAIN = re.compile(
+    r'\{"ph": ' + _STR
+    + r'(?:, "name": ' + _STR + r")?"
+    + r', "ts": (0|[1-9][0-9]{0,15})'
+    + r'(?:, "pid": (0|[1-9][0-9]{0,17}))?'
+    + r'(?:, "dur": 0)?'
+    + r'(?:, "s": ' + _SKIPPED_STR + r")?"
+    + r'(?:, "args": \{"dtype": ' + _SKIPPED_STR + r', "shape": ' + _SKIPPED_STR + r"\})?"
+    + r"\}"
+)  # fmt: skip
 
 
-def _build(path: Path, events: list[dict], partial: str) -> Timeline:
-    """Pair each tensor's begin/end events into activities; collect the ranks' readiness."""
-    names: dict[Any, str] = {}
-    start_epoch = None
-    problems: list[str] = []
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            if "name" in args and _pid(e.get("pid")) is not None:
-                names[e.get("pid")] = str(args["name"])[:MAX_NAME]
-            v = args.get("start_time_since_epoch_in_micros")
-            if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 62:
-                start_epoch = v
-    stacks: dict[Any, list[tuple[str, int]]] = {}
-    occ: dict[Any, int] = {}
-    acts: list[tuple[str, int, str, int, int, int]] = []
-    ready: list[tuple[str, int, int, int]] = []
-    bad = implausible = backwards = 0
-    for e in events:
-        ph, pid = e.get("ph"), _pid(e.get("pid"))
-        if not isinstance(ph, str) or ph not in ("B", "E", "X") or pid not in names:
-            continue
-        ts = _ts_us(e.get("ts"))
-        if ts is None:  # NaN, Infinity, 1e300, negative, a string: left out, counted
-            implausible += 1
-            continue
-        tensor = names[pid]
-        stack = stacks.setdefault(pid, [])
-        if ph == "B":
-            name = str(e.get("name", "?"))[:64]
-            if name.startswith("NEGOTIATE_") and not stack:
-                occ[pid] = occ.get(pid, 0) + 1
-            stack.append((name, ts))
-        elif ph == "E":
-            if not stack:
-                bad += 1
+class _EventStream:
+    """The events of a JSON array in a file, decoded one at a time from a bounded buffer.
+
+    Iterating yields each event that is a JSON object (the array's other values are skipped);
+    afterwards ``cut`` says why it stopped before the closing bracket ("" when it reached it),
+    ``truncated`` whether the file is longer than ``max_bytes``, ``lead`` is its first character
+    that is not white space and ``dicts`` the events yielded.
+    The text is decoded as UTF-8 with undecodable bytes replaced, as a whole-file decode would
+    be; an event is decoded from the buffer by :meth:`json.JSONDecoder.raw_decode`, and when the
+    buffer ends inside it, the buffer grows (to :data:`MAX_EVENT_CHARS` at most) and the decode
+    is tried again, so the events are exactly those of decoding the whole text at once."""
+
+    def __init__(self, f: BinaryIO, max_bytes: int) -> None:
+        self.f, self.left = f, max_bytes
+        self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.buf, self.pos, self.eof = "", 0, False
+        self.cut, self.truncated, self.lead = "", False, None
+        self.dicts = 0
+
+    def _fill(self, want: int = 0) -> None:
+        """Append ``want`` (at least :data:`READ_BYTES`) more bytes of the file, decoded, to what
+        is left of the buffer."""
+        want = max(want, READ_BYTES)
+        data = self.f.read(min(want, self.left)) if self.left > 0 else b""
+        self.left -= len(data)
+        if not data:
+            self.eof = True
+            if self.left <= 0:
+                self.truncated = bool(self.f.read(1))
+        text = self.dec.decode(data, final=self.eof)
+        if self.lead is None:
+            s = text.lstrip()
+            self.lead = s[0] if s else None
+        self.buf = self.buf[self.pos :] + text
+        self.pos = 0
+
+    def __iter__(self) -> Iterator[dict | re.Match]:
+        decode, plain = json.JSONDecoder().raw_decode, _PLAIN.match
+        while True:  # the array's opening bracket: the first one in the file
+            i = self.buf.find("[", self.pos)
+            if i >= 0:
+                self.pos = i + 1
+                break
+            self.pos = len(self.buf)
+            if self.eof:
+                self.cut = "no opening bracket"
+                return
+            self._fill()
+        while True:
+            self.pos = _SEP.match(self.buf, self.pos).end()  # type: ignore[union-attr]
+            if self.pos >= len(self.buf):
+                if self.eof:
+                    self.cut = "no closing bracket"
+                    return
+                self._fill()
                 continue
-            name, t0 = stack.pop()
-            if ts < t0:  # an end before its begin: kept out of every figure
-                backwards += 1
+            if self.buf[self.pos] == "]":
+                return
+            m = plain(self.buf, self.pos)
+            if m is not None:  # most of Horovod's events: no dict built
+                if m.end() - self.pos > MAX_EVENT_CHARS:
+                    self.cut = self._too_long()
+                    return
+                self.pos = m.end()
+                self.dicts += 1
+                yield m
                 continue
-            acts.append((tensor, occ.get(pid, 0), name, len(stack), t0, ts))
-        elif stack and stack[-1][0].startswith("NEGOTIATE_"):  # a rank's readiness
             try:
-                rank = int(str(e.get("name")))
-            except ValueError:
+                obj, end = decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                held = len(self.buf) - self.pos
+                # the buffer may end inside the event (the error is then at its end, or in a
+                # string not yet closed): read on, to MAX_EVENT_CHARS
+                if not self.eof and (
+                    len(self.buf) - exc.pos <= 32 or exc.msg.startswith("Unterminated string")
+                ):
+                    if held >= MAX_EVENT_CHARS:
+                        self.cut = self._too_long()
+                        return
+                    self._fill(held)
+                    continue
+                self.cut = f"an incomplete event after {self.dicts} events"
+                return
+            except (ValueError, RecursionError):  # an integer too long, nesting too deep
+                self.cut = f"an event that cannot be decoded after {self.dicts} events"
+                return
+            if end >= len(self.buf) and not self.eof:
+                self._fill()  # a value ending where the buffer does may go on (a number)
                 continue
+            if end - self.pos > MAX_EVENT_CHARS:
+                self.cut = self._too_long()
+                return
+            self.pos = end
+            if isinstance(obj, dict):
+                self.dicts += 1
+                yield obj
+
+    def _too_long(self) -> str:
+        return f"an event longer than {MAX_EVENT_CHARS} characters after {self.dicts} events"
+
+
+#: An event without the key.
+_MISSING: Final = object()
+
+
+def _text(value: Any, limit: int | None = None) -> str | None:
+    """``str(value)[:limit]``, or None where a hostile value cannot be made a string."""
+    if isinstance(value, str):
+        return value[:limit]
+    try:
+        return str(value)[:limit]
+    except (ValueError, RecursionError):  # nesting too deep for its repr
+        return None
+
+
+class _Builder:
+    """Pairs each tensor's begin/end events into activities and collects the ranks' readiness,
+    one event at a time (:meth:`add`), keeping each as packed integers (``array``): a tensor
+    code, the occurrence, an activity-name code, the depth and the times.
+
+    The events of a ``pid`` are paired whether or not its name was seen yet (each pid's pairing
+    depends on its own events only); :meth:`timeline` then keeps the pids that some
+    ``process_name`` event named, under the last name given, as reading the whole file first
+    would. Bounds, each reported when reached: :data:`MAX_TENSORS` pids, :data:`MAX_DEPTH`
+    nested activities per pid, :data:`MAX_ACTIVITY_NAMES` activity names, :data:`MAX_KEPT`
+    activities, readiness events and open activities together (``full``: stop reading)."""
+
+    def __init__(self) -> None:
+        self.codes: dict[Any, int] = {}  # pid -> tensor code
+        self.names: list[str | None] = []  # per code: the tensor's name (None: never named)
+        self.stacks: list[list[tuple[int, int]]] = []  # per code: open (activity code, begin)
+        self.occ: list[int] = []
+        self.over: list[int] = []  # per code: begins past MAX_DEPTH still open
+        # per code: ends without a begin, implausible times, ends before begins, too deep
+        self.bad: list[int] = []
+        self.implausible: list[int] = []
+        self.backwards: list[int] = []
+        self.deep: list[int] = []
+        self.act_codes: dict[str, int] = {}
+        self.acts_names: list[str] = []
+        self.negotiate: list[bool] = []
+        self.a_pid, self.a_occ, self.a_act = array("i"), array("i"), array("i")
+        self.a_depth, self.a_start, self.a_end = array("h"), array("q"), array("q")
+        self.r_pid, self.r_occ, self.r_rank, self.r_ts = (
+            array("i"), array("i"), array("i"), array("q")
+        )  # fmt: skip
+        self.start_epoch: int | None = None
+        self.room = MAX_KEPT  # activities, readiness and open activities that may still be kept
+        self.full = False
+        self.dropped_tensors = 0
+        self.dropped_names = 0
+
+    def _code(self, pid: int | str) -> int | None:
+        code = self.codes.get(pid)
+        if code is None:
+            if len(self.names) >= MAX_TENSORS:
+                self.dropped_tensors += 1
+                return None
+            code = self.codes[pid] = len(self.names)
+            self.names.append(None)
+            self.stacks.append([])
+            for counts in (
+                self.occ, self.over, self.bad, self.implausible, self.backwards, self.deep
+            ):  # fmt: skip
+                counts.append(0)
+        return code
+
+    def _activity(self, name: str) -> int:
+        code = self.act_codes.get(name)
+        if code is None:
+            if len(self.acts_names) >= MAX_ACTIVITY_NAMES:
+                self.dropped_names += 1
+                name = OTHER_ACTIVITY
+                code = self.act_codes.get(name)
+                if code is not None:
+                    return code
+            code = self.act_codes[name] = len(self.acts_names)
+            self.acts_names.append(name)
+            self.negotiate.append(name.startswith("NEGOTIATE_"))
+        return code
+
+    def add(self, e: dict) -> None:
+        """Take one event of the file (a decoded JSON object), in the file's order."""
+        ph = e.get("ph")
+        if ph == "M":
+            if e.get("name") == "process_name":
+                self._meta(e)
+            return
+        if isinstance(ph, str) and ph in ("B", "E", "X"):
+            self.span(ph, _pid(e.get("pid")), _ts_us(e.get("ts")), e.get("name", _MISSING))
+
+    def add_match(self, m: re.Match) -> None:
+        """Take one event matched by :data:`_PLAIN` (what :meth:`add` does with its object)."""
+        ph, name, ts, pid = m.groups()
+        if ph in ("B", "E", "X"):
+            ts = int(ts)
+            self.span(
+                ph,
+                None if pid is None else int(pid),
+                ts if ts <= MAX_TS_US else None,
+                _MISSING if name is None else name,
+            )
+
+    def span(self, ph: str, pid: int | str | None, ts: int | None, name: Any) -> None:
+        """A begin (``B``), end (``E``) or complete (``X``: a rank's readiness) event of a pid
+        at ``ts`` (None: implausible); ``name``: its ``name`` value, or ``_MISSING``."""
+        if pid is None:
+            return
+        c = self.codes.get(pid)
+        if c is None:
+            c = self._code(pid)
+            if c is None:
+                return
+        if ts is None:  # NaN, Infinity, 1e300, negative, a string: left out, counted
+            self.implausible[c] += 1
+            return
+        stack = self.stacks[c]
+        if ph == "B":
+            if len(stack) >= MAX_DEPTH:  # its end is then the first end that comes
+                self.over[c] += 1
+                self.deep[c] += 1
+                return
+            text = "?" if name is _MISSING else _text(name, 64)
+            if text is None:
+                text = "?"
+            act = self.act_codes.get(text)
+            if act is None:
+                act = self._activity(text)
+            if self.negotiate[act] and not stack:
+                self.occ[c] += 1
+            stack.append((act, ts))
+            self.room -= 1
+        elif ph == "E":
+            if self.over[c]:
+                self.over[c] -= 1
+                return
+            if not stack:
+                self.bad[c] += 1
+                return
+            act, t0 = stack.pop()
+            if ts < t0:  # an end before its begin: kept out of every figure
+                self.room += 1
+                self.backwards[c] += 1
+                return
+            self.a_pid.append(c)
+            self.a_occ.append(self.occ[c])
+            self.a_act.append(act)
+            self.a_depth.append(len(stack))
+            self.a_start.append(t0)
+            self.a_end.append(ts)
+        elif stack and self.negotiate[stack[-1][0]]:  # a rank's readiness
+            text = None if name is _MISSING else _text(name)
+            try:
+                rank = int(text if text is not None else "?")
+            except ValueError:
+                return
             if 0 <= rank < 1 << 20:
-                ready.append((tensor, occ.get(pid, 0), rank, ts))
-    open_ = sum(len(s) for s in stacks.values())
-    if bad:
-        problems.append(f"{bad} end events without a begin")
-    if implausible:
-        problems.append(
-            f"{implausible} events with an implausible time (not a number from 0 to "
-            f"{MAX_TS_US:.0e} µs: NaN, Infinity, negative?) left out"
-        )
-    if backwards:
-        problems.append(f"{backwards} activities ending before they began left out")
-    if open_ and not partial:
-        problems.append(f"{open_} activities never ended")
-    a = pd.DataFrame(acts, columns=["tensor", "occ", "activity", "depth", "start_us", "end_us"])
-    r = pd.DataFrame(ready, columns=["tensor", "occ", "rank", "ts_us"])
-    return Timeline(path, start_epoch, a, r, len(events), partial, problems)
+                self.r_pid.append(c)
+                self.r_occ.append(self.occ[c])
+                self.r_rank.append(rank)
+                self.r_ts.append(ts)
+                self.room -= 1
+        self.full = self.room <= 0
+
+    def _meta(self, e: dict) -> None:
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        pid = _pid(e.get("pid"))
+        if "name" in args and pid is not None:
+            name = _text(args["name"], MAX_NAME)
+            c = self._code(pid)
+            if c is not None and name is not None:
+                self.names[c] = name
+        v = args.get("start_time_since_epoch_in_micros")
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 62:
+            self.start_epoch = v
+
+    def timeline(self, path: Path, events: int, partial: str) -> Timeline:
+        """The activities and readiness of the named pids, and the problems seen."""
+        named = np.array([n is not None for n in self.names], dtype=bool)
+
+        def total(counts: list[int]) -> int:
+            return int(np.asarray(counts, dtype=np.int64)[named].sum()) if counts else 0
+
+        problems: list[str] = []
+        bad, implausible, backwards = (
+            total(self.bad), total(self.implausible), total(self.backwards)
+        )  # fmt: skip
+        open_ = sum(len(s) + o for s, o, n in zip(self.stacks, self.over, named) if n)
+        if bad:
+            problems.append(f"{bad} end events without a begin")
+        if implausible:
+            problems.append(
+                f"{implausible} events with an implausible time (not a number from 0 to "
+                f"{MAX_TS_US:.0e} µs: NaN, Infinity, negative?) left out"
+            )
+        if backwards:
+            problems.append(f"{backwards} activities ending before they began left out")
+        if open_ and not partial:
+            problems.append(f"{open_} activities never ended")
+        deep = total(self.deep)
+        if deep:
+            problems.append(f"{deep} activities nested deeper than {MAX_DEPTH} left out")
+        if self.dropped_tensors:
+            problems.append(
+                f"{self.dropped_tensors} events of tensors beyond the first {MAX_TENSORS} left out"
+            )
+        if self.dropped_names:
+            problems.append(
+                f"{self.dropped_names} activities named beyond the first {MAX_ACTIVITY_NAMES} "
+                f"names shown as {OTHER_ACTIVITY!r}"
+            )
+        tensors = np.array([n or "" for n in self.names], dtype=object)
+        activities = np.array(self.acts_names, dtype=object)
+        a = self._frame(
+            [("tensor", "a_pid"), ("occ", "a_occ"), ("activity", "a_act"), ("depth", "a_depth"),
+             ("start_us", "a_start"), ("end_us", "a_end")],
+            named, {"tensor": tensors, "activity": activities},
+        )  # fmt: skip
+        r = self._frame(
+            [("tensor", "r_pid"), ("occ", "r_occ"), ("rank", "r_rank"), ("ts_us", "r_ts")],
+            named, {"tensor": tensors},
+        )  # fmt: skip
+        return Timeline(path, self.start_epoch, a, r, events, partial, problems)
+
+    def _frame(
+        self, cols: list[tuple[str, str]], named: np.ndarray, lookup: dict[str, np.ndarray]
+    ) -> pd.DataFrame:
+        """The rows of named pids as a frame: per column, the attribute holding its packed
+        values (the first: the tensor code), looked up in ``lookup`` (names) or as int64 (the
+        dtypes pandas gives a list of tuples). Each packed array is let go once its column is
+        made, so they and the frame are not held whole together."""
+        code = np.frombuffer(getattr(self, cols[0][1]), dtype=np.int32)
+        keep = named[code]
+        if not keep.any():  # as pandas makes an empty frame of tuples: object columns
+            return pd.DataFrame([], columns=[c for c, _ in cols])
+        rows = None if keep.all() else np.flatnonzero(keep)
+        del code, keep
+        out: dict[str, np.ndarray] = {}
+        for col, attr in cols:
+            packed = getattr(self, attr)
+            v = np.frombuffer(packed, dtype=np.dtype(packed.typecode))
+            if rows is not None:
+                v = v[rows]
+            out[col] = lookup[col][v] if col in lookup else v.astype(np.int64)
+            del v, packed
+            setattr(self, attr, None)
+        return pd.DataFrame(out)
 
 
 def find_timeline(run_dir: Path, run_id: str) -> Path | None:
@@ -264,19 +581,21 @@ def merge(
     else:
         out["clock"] = "not aligned (no start time in the timeline, or no rank 0 header)"
     out["offset_ns"] = offset
-    a = tl.activities.copy()
-    a["dur_ms"] = (a["end_us"] - a["start_us"]) / 1e3
-    a["name"] = a["tensor"].map(_tensor_key)
-    neg = a[(a["depth"] == 0) & a["activity"].str.startswith("NEGOTIATE_")]
-    ops = a[(a["depth"] == 0) & ~a["activity"].str.startswith("NEGOTIATE_")]
-    xfer = a[(a["depth"] >= 1) & a["activity"].str.match(_TRANSFER.pattern)]
-    mem = a[(a["depth"] >= 1) & a["activity"].str.startswith("MEMCPY_")]
-    ready = tl.ready.copy()
-    ready["name"] = ready["tensor"].map(_tensor_key)
+    a = tl.activities
+    top, negotiate = a["depth"] == 0, a["activity"].str.startswith("NEGOTIATE_")
+    neg = _part(a, top & negotiate, ["activity"])
+    ops = _part(a, top & ~negotiate)
+    xfer = _part(a, (a["depth"] >= 1) & a["activity"].str.match(_TRANSFER.pattern))
+    mem = _part(a, (a["depth"] >= 1) & a["activity"].str.startswith("MEMCPY_"), ["occ"])
+    del top, negotiate
+    ready = tl.ready.copy(deep=False)
+    ready["name"] = _tensor_keys(ready["tensor"])
     last = _last_ready(ready)
     if callable(rank_starts):
         wanted = last[["name", "occ"]].drop_duplicates()
         rank_starts = rank_starts(wanted) if len(wanted) else None
+    transfer_ms, op_ms = _medians(xfer), _medians(ops)
+    memcpy_ms = _medians(mem.groupby(["name", "occ"])["dur_ms"].sum().reset_index())
     rows = []
     for name, g in neg.groupby("name", sort=False):
         lr = last[last["name"] == name]
@@ -287,11 +606,9 @@ def merge(
                 "op": str(g["activity"].iloc[0]).removeprefix("NEGOTIATE_").lower(),
                 "count": len(g),
                 "negotiate_ms": float(g["dur_ms"].median()),
-                "transfer_ms": _median(xfer, name),
-                "op_ms": _median(ops, name),
-                "memcpy_ms": _median(
-                    mem.groupby(["name", "occ"])["dur_ms"].sum().reset_index(), name
-                ),
+                "transfer_ms": transfer_ms.get(name),
+                "op_ms": op_ms.get(name),
+                "memcpy_ms": memcpy_ms.get(name),
                 "last_rank": int(top.index[0]) if len(top) else None,
                 "last_share": float(top.iloc[0] / len(lr)) if len(top) else None,
             }
@@ -302,9 +619,33 @@ def merge(
     return out
 
 
-def _median(df: pd.DataFrame, name: str) -> float | None:
-    v = df.loc[df["name"] == name, "dur_ms"]
-    return float(v.median()) if len(v) else None
+def _part(a: pd.DataFrame, rows: pd.Series, cols: Sequence[str] = ()) -> pd.DataFrame:
+    """The activities of ``rows``: hvtrace's tensor ``name``, ``cols`` and ``dur_ms`` (only
+    these columns are copied, and only for those rows)."""
+    sub = a.loc[rows, ["tensor", *cols, "start_us", "end_us"]]
+    return pd.DataFrame(
+        {
+            "name": _tensor_keys(sub["tensor"]),
+            **{c: sub[c] for c in cols},
+            "dur_ms": (sub["end_us"] - sub["start_us"]) / 1e3,
+        }
+    )
+
+
+def _medians(df: pd.DataFrame) -> dict[str, float]:
+    """The median ``dur_ms`` of each ``name`` (one pass over the rows, not one per name)."""
+    if df.empty:
+        return {}
+    dur = df["dur_ms"]
+    return {
+        name: float(dur.iloc[idx].median())
+        for name, idx in df.groupby("name", sort=False).indices.items()
+    }
+
+
+def _tensor_keys(tensors: pd.Series) -> pd.Series:
+    """:func:`_tensor_key` of each row, computed once per distinct name."""
+    return tensors.map({t: _tensor_key(t) for t in pd.unique(tensors)})
 
 
 def _last_ready(ready: pd.DataFrame) -> pd.DataFrame:

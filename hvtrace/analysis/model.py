@@ -229,6 +229,47 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "Right after `hvd.init()`, `torch.cuda.set_device(hvd.local_rank())`, and build the "
         "model and tensors on `torch.device('cuda', hvd.local_rank())`.",
     ),
+    "manual_averaging": FindingKind(
+        "Gradients averaged by hand after the backward",
+        "warning; info when that communication is under 2 % of the step",
+        "A job without Horovod's distributed optimizer allreduces its gradients itself after "
+        "loss.backward() returned (hvd.allreduce or hvd.allreduce_async_ on each p.grad, then "
+        "a plain torch optimizer): allreduces recorded outside the optimizer, issued after the "
+        "backward ended, whose sizes match the model's gradients (the header's "
+        "`optimizer.param_bytes`: each gradient, or all of them in one buffer) and carry at "
+        "least half their bytes, in at least half of a rank's steps. Needs the backward's span "
+        "(the model found: tracing by environment finds it). The finding names the ranks and "
+        "the first step. With Horovod's optimizer as well, the gradients are averaged twice.",
+        "`data.lost_ms_per_step`: what a distributed optimizer would save of the communication "
+        "after the backward (`data.comm_ms`): `data.hidden_ms`, hidden under the measured "
+        "backward (`data.backward_ms`; each gradient's allreduce started when the backward "
+        "produces it, gradients produced at an even rate per byte, last layer first, each "
+        "allreduce taking its bytes' share of the measured time), plus, for blocking calls made "
+        "one at a time, `data.fused_ms`: sent together they pay one negotiation, each call "
+        "after the first the shortest call's time less (a lower bound; docs/consistency.md). "
+        "Averaged twice: all of `data.comm_ms` is waste.",
+        "Use `hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())` "
+        "(or `hvtrace.DistributedOptimizer`): it starts each allreduce during the backward and "
+        "fuses them. Averaged twice: remove the manual allreduces.",
+    ),
+    "sparse_as_dense": FindingKind(
+        "A sparse gradient sent dense",
+        "warning; info when the zeros' time is under 1 % of the step",
+        "On the consistency checks' schedule each rank measures, for an embedding gradient of "
+        "256 KiB or more that Horovod allreduces dense (`nn.Embedding(sparse=False)`, or "
+        "`sparse=True` under `sparse_as_dense=True`), the share of its rows that were all zero "
+        "in the averaged gradient (256 rows sampled; a sparse gradient's counted from its "
+        "indices). A tensor with a median share of half or more is named: each step every rank "
+        "sends its whole table, mostly zeros.",
+        "`data.zero_bytes_per_step`: the bytes of the tensor that carried zeros each step (at "
+        "least: a row zero on every rank); `data.zero_ms`: their share of the step's allreduced "
+        "bytes times the step's measured allreduce time.",
+        "`nn.Embedding(..., sparse=True)` and Horovod's default `sparse_as_dense=False` (Horovod "
+        "0.28 then allgathers the rows each rank used), with an optimizer that takes sparse "
+        "gradients (SGD, SparseAdam, Adagrad), when ranks x the share of rows used is well "
+        "below the ring allreduce's 2 (N-1)/N (the finding computes it); else another design "
+        "(a smaller table, hashed ids, a table sharded across ranks).",
+    ),
     "rank0_blocking": FindingKind(
         "Rank 0 blocks between steps",
         "warning",
@@ -451,6 +492,11 @@ class Analysis:
     #: :func:`hvtrace.analysis.antipatterns.lr_summary`: the recorded learning rates beside the
     #: world size (information).
     scale: dict[str, Any] = field(default_factory=dict)
+    #: How the job sends its gradients (:mod:`hvtrace.analysis.gradients`): ``manual``
+    #: (:func:`~hvtrace.analysis.gradients.manual_check`: ranks that allreduce their gradients
+    #: themselves after the backward) and ``zero_rows`` (:func:`~hvtrace.analysis.gradients.
+    #: zero_rows_summary`: large embedding gradients sent dense, with their zero rows).
+    gradients: dict[str, Any] = field(default_factory=dict)
 
     @property
     def lightning(self) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from hvtrace.analysis import antipatterns, consistency, framework, hvd_timeline
+from hvtrace.analysis import antipatterns, consistency, framework, gradients, hvd_timeline
 from hvtrace.analysis.bandwidth import (
     BANDWIDTH_CAVEAT,
     comm_summary,
@@ -353,8 +353,17 @@ def analyze(
     if a.lightning is not None:  # Lightning's own rows: only HvtraceCallback records them
         a.trainer = framework.scan(sources, steps)
         a.accumulation = framework.accumulation(a)
-    a.batches, a.scale = antipatterns.scan(sources, run.size, steps)
-    a.placement = antipatterns.placement({r: f.header for r, f in run.files.items()})
+    a.batches, a.scale, zero_rows = antipatterns.scan(sources, run.size, steps)
+    headers = {r: f.header for r, f in run.files.items()}
+    a.placement = antipatterns.placement(headers)
+    a.gradients = {
+        "manual": (
+            gradients.manual_check(sources, headers, steps)
+            if gradients.may_average_by_hand(a.outside)
+            else gradients.empty_manual()
+        ),
+        "zero_rows": gradients.zero_rows_summary(zero_rows),
+    }
     a.links = link_table(connection_rows(run.files, run.hosts))
     cont = a.contention
     a.limiting_link = limiting_link(
@@ -369,6 +378,8 @@ def analyze(
         a.problems.append(f"Lightning's records not read: {a.trainer['error']}")
     if a.batches.get("error"):
         a.problems.append(f"batch fingerprints not read: {a.batches['error']}")
+    if a.gradients["manual"].get("error"):
+        a.problems.append(f"manual averaging not checked: {a.gradients['manual']['error']}")
     a.horovod_timeline = hvd_timeline.run_section(run, sources, horovod_timeline)
     a.live = [e for _r, f in sorted(run.files.items()) for e in getattr(f, "live", [])]
     a.missing_ranks = list(run.missing_ranks)

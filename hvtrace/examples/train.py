@@ -11,7 +11,10 @@ known slowdown on one rank (``--slow-rank``) or on every rank of one host (``--s
 ``--slow-kind sleep`` (the default) sleeps (the rank is blocked), ``--slow-kind compute`` does
 extra matrix products on the training thread (more work); ``--pin-cores`` pins each rank to one
 core (so that a busy process pinned beside one rank takes that rank's CPU). Others
-exercise Horovod's options (``--bpps``, ``--fp16``, ``--clip``, ``--groups``). For benchmarks,
+exercise Horovod's options (``--bpps``, ``--fp16``, ``--clip``, ``--groups``,
+``--sparse-as-dense``); ``--embedding ROWS`` puts an embedding table in front of the MLP
+(``--sparse-embedding``: sparse gradients), and ``--manual-average`` averages the gradients by hand
+after the backward with a plain optimizer (traced as tracing by environment does). For benchmarks,
 ``--torch-profiler DIR`` runs the loop under ``torch.profiler`` instead (use it with
 ``--no-trace``), and ``--step-times`` records each step's wall time.
 """
@@ -76,6 +79,31 @@ class CNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.view(-1, 1, 16, 16))
+
+
+class EmbeddingMLP(nn.Module):
+    """An MLP whose input is the batch and the mean of ``lookups`` rows of an embedding table of
+    ``rows`` x ``dim``, the rows picked from the batch's values (so each rank looks up its own
+    rows, and a batch touches at most ``batch x lookups`` of them): ``sparse`` makes the
+    embedding's gradient a sparse tensor."""
+
+    def __init__(
+        self,
+        rows: int,
+        width: int = 1024,
+        layers: int = 6,
+        dim: int = 32,
+        lookups: int = 16,
+        sparse: bool = False,
+    ) -> None:
+        super().__init__()
+        self.rows, self.lookups = rows, lookups
+        self.emb = nn.Embedding(rows, dim, sparse=sparse)
+        self.mlp = MLP(width, layers, in_dim=256 + dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x[:, : self.lookups] * 10_000).long().abs() % self.rows
+        return self.mlp(torch.cat([x, self.emb(ids).mean(dim=1)], dim=1))
 
 
 #: Whether injected delays are on now (``--slow-from-step`` turns them on at that step).
@@ -339,7 +367,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch.set_num_threads(N) on every rank (default 0: the host's cores divided among "
         "its ranks, so that they never ask for more threads than it has cores)",
     )
+    p.add_argument(
+        "--manual-average",
+        choices=["off", "blocking", "async"],
+        default="off",
+        help="no distributed optimizer: after each backward, average every gradient by hand "
+        "with hvd.allreduce (blocking: one call per gradient; async: hvd.allreduce_async_ on "
+        "each, then hvd.synchronize) and step a plain SGD. Traced as tracing by environment "
+        "traces such a job (its plain optimizer, from the end of its first step): by "
+        "HVTRACE_DIR, or --trace-dir (which applies the same patch here)",
+    )
+    p.add_argument(
+        "--embedding",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="an nn.Embedding of ROWS x 32 in front of the MLP (16 rows looked up per sample, "
+        "picked from its values; default 0: none)",
+    )
+    p.add_argument(
+        "--sparse-embedding",
+        action="store_true",
+        help="nn.Embedding(sparse=True): its gradient is a sparse tensor (Horovod allgathers "
+        "its rows unless --sparse-as-dense)",
+    )
+    p.add_argument(
+        "--sparse-as-dense",
+        action="store_true",
+        help="Horovod's sparse_as_dense=True: sparse gradients are allreduced dense",
+    )
     return p.parse_args(argv)
+
+
+def _average_by_hand(hvd: Any, named: list[tuple[str, nn.Parameter]], how: str) -> None:
+    """Average the gradients across ranks by hand, after the backward (an anti-pattern: a
+    distributed optimizer would overlap these allreduces with the backward)."""
+    if how == "blocking":
+        for name, p in named:
+            p.grad = hvd.allreduce(p.grad, name=f"grad.{name}")
+        return
+    handles = [hvd.allreduce_async_(p.grad, name=f"grad.{name}") for name, p in named]
+    for h in handles:
+        hvd.synchronize(h)
 
 
 def _log_verdicts_to(path: Path) -> None:
@@ -394,10 +463,18 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {cores[local % len(cores)]})
     hvd.init()
     rank = hvd.rank()
+    if args.manual_average != "off" and args.trace_dir and not args.no_trace:
+        # what the start-up hook does when HVTRACE_DIR is set: trace the plain optimizer
+        from hvtrace.autotrace import patch_plain
+
+        os.environ.setdefault("HVTRACE_DIR", args.trace_dir)
+        patch_plain(hvd)
     torch.manual_seed(args.seed + (rank if args.rank_seed else 0))
     torch.set_num_threads(args.torch_threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
     wide = args.wide_layer
     core: nn.Module = CNN() if args.model == "cnn" else MLP(args.width, args.layers, wide=wide)
+    if args.embedding:
+        core = EmbeddingMLP(args.embedding, args.width, args.layers, sparse=args.sparse_embedding)
     on_slow_host = args.slow_host is not None and socket.gethostname() == args.slow_host
     slow = (rank == args.slow_rank or on_slow_host) and args.slow_ms > 0
     model: nn.Module = (
@@ -417,7 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.groups:
         kwargs["groups"] = args.groups
-    if args.no_trace:
+    if args.sparse_as_dense:
+        kwargs["sparse_as_dense"] = True
+    manual = args.manual_average != "off"
+    if manual:  # no distributed optimizer: traced only by environment
+        opt = base
+    elif args.no_trace:
         opt = hvd.DistributedOptimizer(base, **kwargs)
     else:
         if args.consistency_every is not None:
@@ -438,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.CrossEntropyLoss()
     step_times: list[float] = []
     traced: list[bool] = []
-    tracer = getattr(opt, "_hvtrace", None)
+    tracer = getattr(opt, "_hvtrace", None)  # (None here for a plain one: traced from a step)
     if args.live_callback and rank == 0:
         _log_verdicts_to(Path(args.live_callback))
     # whether Horovod's timeline is being written (the same on every rank; rank 0 writes it)
@@ -484,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
                     loss.backward()
             if rank == args.skip_step_rank and i == args.stop_step:
                 continue  # no backward, no optimizer step on this rank
+            if manual:
+                _average_by_hand(hvd, list(core.named_parameters()), args.manual_average)
             if args.clip:
                 opt.synchronize()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -523,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             hvd.join()  # the uneven-data pattern: no rank waits forever for the others
         t_loop_end = time.perf_counter()
         loop_cpu_s = time.process_time() - cpu0
+    tracer = getattr(opt, "_hvtrace", None)
     writer = tracer.rec.writer if tracer is not None else None
     writer_cpu_s = writer.cpu_s if writer is not None else None
     profiler_trace = None

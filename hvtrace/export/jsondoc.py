@@ -73,7 +73,10 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     compared: :func:`hvtrace.analysis.antipatterns.batch_check`), ``placement`` (per host, torch
     threads against cores; CUDA devices shared: :func:`~hvtrace.analysis.antipatterns. placement`),
     ``scale`` (the learning rates recorded, beside the world size:
-    :func:`~hvtrace.analysis.antipatterns.lr_summary`), ``communication`` (per-step aggregates and
+    :func:`~hvtrace.analysis.antipatterns.lr_summary`), ``gradients`` (how the gradients were
+    sent: ``manual``, the ranks that allreduced them themselves after the backward, and
+    ``zero_rows``, embedding gradients sent dense with their zero rows:
+    :mod:`hvtrace.analysis.gradients`), ``communication`` (per-step aggregates and
     the caveat), ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns,
     method, drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
     ``framework`` (the header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning,
@@ -125,6 +128,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "batches": dict(a.batches),
             "placement": dict(a.placement),
             "scale": dict(a.scale),
+            "gradients": dict(getattr(a, "gradients", None) or {}),
             "horovod_timeline": dict(a.horovod_timeline),
             "live": list(a.live),
             "membership": list(a.membership),

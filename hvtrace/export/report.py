@@ -581,6 +581,43 @@ def _relative(problem: str, run_dir: Path | None) -> str:
 
 
 # -- more report sections --------------------------------------------------------------------------
+def _gradient_lines(a: Analysis, w: int, max_tensors: int = 4) -> list[str]:
+    """How the gradients were sent (:mod:`hvtrace.analysis.gradients`): allreduced by the job
+    itself after the backward, and embedding gradients sent dense with their zero rows."""
+    lines: list[str] = []
+    g = getattr(a, "gradients", None) or {}
+    m = g.get("manual") or {}
+    named = [r for r in m.get("per_rank") or [] if r["rank"] in (m.get("ranks") or [])]
+    if named:
+        seen, steps = sum(r["seen"] for r in named), sum(r["steps"] for r in named)
+        first = min(int(r["first_step"]) for r in named)
+
+        def med(k: str) -> float:
+            return float(pd.Series([float(r[k] or 0.0) for r in named]).median())
+
+        lines += wrap(
+            f"gradients: allreduced by the job itself after the backward on rank"
+            f"{'s' if len(named) > 1 else ''} {format_ranks([r['rank'] for r in named])}, in "
+            f"{seen} of their {steps} steps from step {first} (median {med('tensors'):.0f} "
+            f"tensors, {format_bytes(med('bytes'))}, {med('comm_ms'):.1f} ms after a "
+            f"{med('backward_ms'):.1f} ms backward: see the findings)",
+            w,
+            "  ",
+            "    ",
+        )
+    for t in (g.get("zero_rows") or [])[:max_tensors]:
+        how = "dense" if t["how"] == "dense" else "dense (sparse_as_dense)"
+        lines += wrap(
+            f"gradient {printable(t['name'])} ({format_bytes(t['bytes'])}, sent {how}): a median "
+            f"{t['share']:.0%} of its rows zero at {t['checks']} check(s) on rank(s) "
+            f"{format_ranks(t['ranks'])}" + (" (see the findings)" if t["share"] >= 0.5 else ""),
+            w,
+            "  ",
+            "    ",
+        )
+    return lines
+
+
 def _setup_section(a: Analysis, w: int, max_hosts: int = 8) -> list[str]:
     """The job's set-up as the ranks recorded it: whether their batches differ (the batch
     fingerprints), each host's torch threads against its cores, CUDA devices shared, and the
@@ -630,6 +667,7 @@ def _setup_section(a: Analysis, w: int, max_hosts: int = 8) -> list[str]:
             "  ",
             "    ",
         )
+    lines += _gradient_lines(a, w)
     sc = a.scale or {}
     for g in (sc.get("groups") or [])[:4]:
         lr = (

@@ -171,6 +171,16 @@ BATCH_PREFIX: Final = "hvtrace.batch|"
 BATCH_NAME: Final = BATCH_PREFIX + "input"
 #: Scalars whose value is a hash, not a quantity: no timeline draws them as a counter.
 HASH_PREFIXES: Final = (PARAM_PREFIX, BATCH_PREFIX)
+#: The share of a large embedding gradient's rows that were all zero, on the consistency checks'
+#: schedule, for a gradient Horovod sends dense (:class:`hvtrace.record.consistency.ZeroRows`):
+#: ``hvtrace.zero_rows|HOW|NAME``, ``HOW`` one of :data:`ZERO_ROWS_HOW`: ``dense`` (a dense
+#: gradient, as ``nn.Embedding(sparse=False)`` makes: allreduced whole) or ``sparse_as_dense`` (a
+#: sparse gradient that Horovod's optimizer turns dense, ``sparse_as_dense=True``). ``value``: the
+#: share of the rows checked that were all zero in the averaged gradient, in [0, 1] (rows zero on
+#: every rank: a lower bound of each rank's own); ``bytes``: the dense tensor's bytes, what each
+#: rank sends for it every step. :mod:`hvtrace.analysis.gradients` reads them.
+ZERO_ROWS_PREFIX: Final = "hvtrace.zero_rows|"
+ZERO_ROWS_HOW: Final[tuple[str, ...]] = ("dense", "sparse_as_dense")
 #: What :mod:`hvtrace.lightning` records of PyTorch Lightning's own state, as scalars (few rows:
 #: the analysis reads them all, :mod:`hvtrace.analysis.framework`); every name starts with
 #: :data:`LIGHTNING_ROWS`, and none is compared as a value that must agree:

@@ -30,6 +30,13 @@ reserved names (:mod:`hvtrace.analysis.consistency` compares them across ranks):
   :data:`BATCH_SAMPLES` elements at fixed positions spread over the tensor, with its shape and
   dtype, hashed like a parameter (CRC-32 on the CPU, at once; the device sums on a GPU, read
   back lazily with the parameters' fingerprints);
+- ``hvtrace.zero_rows|HOW|NAME``: for a large embedding gradient that Horovod sends dense (an
+  ``nn.Embedding(sparse=False)``'s, or a sparse one under ``sparse_as_dense=True``), the share
+  of its rows that were all zero, on the parameters' schedule, in ``step()`` (the averaged
+  gradient: rows zero on every rank), with its dense bytes (:class:`ZeroRows`): a dense
+  gradient's rows sampled (:data:`ZERO_ROWS_SAMPLES` of them, spread as the batch's elements
+  are), a sparse one's counted from its indices; read at once on the CPU, lazily on a GPU (with
+  the fingerprints). :mod:`hvtrace.analysis.gradients` names the tensors sent mostly zeros;
 - values the user marks as ones that must agree: ``hvtrace.scalar(name, value, agree=True)``
   (flag bit 3, :data:`hvtrace.format.schema.FLAG_AGREE`), and in Lightning the logged metrics at
   epoch end (``hvtrace.metric|NAME``) and the value a ``ReduceLROnPlateau`` is stepped with
@@ -51,10 +58,13 @@ from typing import Any, Final
 from hvtrace.format.schema import (
     BATCH_NAME,
     CHECK_SPAN,
+    DTYPE_CODE,
     FLAG_AGREE,
     KIND_CODE,
     LR_PREFIX,
     PARAM_PREFIX,
+    ZERO_ROWS_PREFIX,
+    dtype_name,
 )
 from hvtrace.record.hot import LrRows
 from hvtrace.record.timers import monotonic_ns
@@ -125,6 +135,9 @@ class ConsistencyChecks(LrRows):
         self.dropped = 0
         self.checks = 0
         self._warned: set[str] = set()
+        #: The zero rows of large embedding gradients, measured with the fingerprints (None:
+        #: that check failed and is off).
+        self.zero_rows: ZeroRows | None = ZeroRows(self)
 
     def ask(self, step: int) -> None:
         """Fingerprint the parameters at step ``step`` too, off the schedule (live detection asks
@@ -177,6 +190,13 @@ class ConsistencyChecks(LrRows):
                 if p.is_cuda:  # a CUDA tensor in a host-timed run: never read it here
                     continue
                 add(_K_SCALAR, name, t0, t0, value=fingerprint_bytes(p), step=step)
+        zero = self.zero_rows
+        if zero is not None:
+            try:
+                zero.measure(step, t0)
+            except Exception as exc:  # noqa: BLE001 - this check only, never the others
+                self.zero_rows = None
+                self._warn_once(f"the zero-rows check (sparse gradients) is off: {exc}")
         self.checks += 1
         t1 = monotonic_ns()
         c1 = read() if read is not None else None
@@ -184,40 +204,48 @@ class ConsistencyChecks(LrRows):
 
     def _launch(self, step: int, t: int) -> None:
         """Launch the device fingerprints of one check and queue their copy to the host."""
-        import torch
-
         by_dev: dict[Any, list[tuple[str, Any]]] = {}
         for name, p in self._params:
             by_dev.setdefault(p.device, []).append((name, p))
-        for dev, items in by_dev.items():
-            fps = fingerprint_device([p for _, p in items])
-            if dev.type == "cuda":
-                host = torch.empty(fps.shape, dtype=fps.dtype, pin_memory=True)
-                host.copy_(fps, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record()
-            else:
-                host, ev = fps, None
-            if len(self.pending) >= MAX_PENDING:
-                old = self.pending.popleft()
-                self.dropped += len(old[2])
-                self._warn_once("consistency fingerprints dropped: the device is far behind")
-            self.pending.append((step, t, [n for n, _ in items], host, ev))
+        for items in by_dev.values():
+            self.queue(step, t, [n for n, _ in items], fingerprint_device([p for _, p in items]))
+
+    def queue(self, step: int, t: int, names: list[str], fps: Any, extra: Any = None) -> None:
+        """Queue the copy to the host of ``fps`` (one value per name) behind a CUDA event (on
+        another device, as they are); ``extra``: per name ``(bytes, dtype code)`` of its row, or
+        None. The oldest entry is dropped past :data:`MAX_PENDING`."""
+        import torch
+
+        if fps.is_cuda:
+            host = torch.empty(fps.shape, dtype=fps.dtype, pin_memory=True)
+            host.copy_(fps, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+        else:
+            host, ev = fps, None
+        if len(self.pending) >= MAX_PENDING:
+            old = self.pending.popleft()
+            self.dropped += len(old[2])
+            self._warn_once("consistency fingerprints dropped: the device is far behind")
+        self.pending.append((step, t, names, host, ev, extra))
 
     def collect(self, wait: bool = False) -> None:
         """Write the device fingerprints whose copy finished (all of them with ``wait``, at
         the end of the run: that synchronizes)."""
         pending, add = self.pending, self.rec.add
         while pending:
-            step, t, names, host, ev = pending[0]
+            step, t, names, host, ev, extra = pending[0]
             if ev is not None:
                 if wait:
                     ev.synchronize()
                 elif not ev.query():
                     return
             pending.popleft()
-            for name, v in zip(names, host.tolist()):
-                add(_K_SCALAR, name, t, t, value=float(v), step=step)
+            for i, (name, v) in enumerate(zip(names, host.tolist())):
+                if extra is None:
+                    add(_K_SCALAR, name, t, t, value=float(v), step=step)
+                else:
+                    add(_K_SCALAR, name, t, t, extra[i][0], extra[i][1], float(v), step=step)
 
     def close(self) -> None:
         """Write what is still pending (the end of the run)."""
@@ -351,15 +379,7 @@ class BatchFingerprints:
         import torch
 
         fp = torch.bitwise_and(fingerprint_device([sample]) * _MULT + shape, _MASK52)
-        host = torch.empty(fp.shape, dtype=fp.dtype, pin_memory=True)
-        host.copy_(fp, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        pending = self.checks.pending
-        if len(pending) >= MAX_PENDING:
-            old = pending.popleft()
-            self.checks.dropped += len(old[2])
-        pending.append((step, t, [BATCH_NAME], host, ev))
+        self.checks.queue(step, t, [BATCH_NAME], fp)
 
     def disable(self, why: str) -> None:
         """Turn this check off (one warning); tracing goes on."""
@@ -398,6 +418,130 @@ def make_batch_check(checks: ConsistencyChecks | None, model: Any) -> BatchFinge
         batch.disable(f"{type(exc).__name__}: {exc}")
         return None
     return batch
+
+
+#: Gradients whose zero rows are measured: two dimensions or more, at least this many bytes.
+ZERO_ROWS_MIN_BYTES: Final = 256 * 1024
+#: Rows of a dense gradient checked, at most.
+ZERO_ROWS_SAMPLES: Final = 256
+
+
+class ZeroRows:
+    """The share of all-zero rows of the large embedding gradients Horovod sends dense,
+    measured by the parameter checks of ``checks`` (:meth:`measure`, in ``step()`` before the
+    update; see the module doc).
+
+    Measured: a parameter of two dimensions or more and :data:`ZERO_ROWS_MIN_BYTES` or more
+    whose gradient is either dense and of an ``nn.Embedding`` / ``nn.EmbeddingBag`` of the
+    traced model (found when the model is known: ``model=``, or tracing by environment), or
+    sparse while Horovod's optimizer has ``sparse_as_dense=True`` (it allreduces it dense). A
+    sparse gradient Horovod sends sparse (its default) is not measured: its zeros are not sent.
+
+    The gradient is the averaged one, so a row counts as zero when it was on every rank: the
+    share is a lower bound of what each rank sent as zeros. A dense gradient's rows are sampled
+    (:data:`ZERO_ROWS_SAMPLES`, at fixed positions spread over the rows: :func:`batch_positions`;
+    each row read whole); a sparse gradient's are counted exactly from its indices.
+    """
+
+    def __init__(self, checks: ConsistencyChecks) -> None:
+        self.checks = checks
+        self.recorded = 0
+        self._for: Any = None  # the checks' parameter list the candidates were made from
+        self._candidates: list[tuple[str, Any, int, int]] = []  # name, param, bytes, dtype
+        self._embeddings: dict[int, bool] | None = None  # id(weight) -> the module's sparse
+        self._index: dict[tuple[int, Any], Any] = {}  # (rows, device) -> row positions
+
+    def candidates(self) -> list[tuple[str, Any, int, int]]:
+        """The parameters large enough to measure: ``(name, param, bytes, dtype code)``."""
+        params = self.checks._params
+        if params is not self._for:
+            out = []
+            for name, p in params:
+                nbytes = int(p.numel() * p.element_size())
+                if p.dim() >= 2 and nbytes >= ZERO_ROWS_MIN_BYTES:
+                    out.append((name.removeprefix(PARAM_PREFIX), p, nbytes, _dtype_code(p)))
+            self._for, self._candidates = params, out
+        return self._candidates
+
+    def embeddings(self) -> dict[int, bool]:
+        """``id(weight) -> sparse`` of the traced model's embeddings (empty while the model is
+        not known; looked up once it is)."""
+        if self._embeddings is not None:
+            return self._embeddings
+        import torch
+
+        model = getattr(self.checks.tracer, "model", None)
+        if model is not None and not isinstance(model, torch.nn.Module):
+            model = getattr(model, "model", None)  # the stand-in that finds it (autotrace)
+        if not isinstance(model, torch.nn.Module):
+            return {}
+        kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+        self._embeddings = {
+            id(m.weight): bool(getattr(m, "sparse", False))
+            for m in model.modules()
+            if isinstance(m, kinds)
+        }
+        return self._embeddings
+
+    def measure(self, step: int, t: int) -> None:
+        """Record the zero-row share of each gradient sent dense (see the class doc)."""
+        cands = self.candidates()
+        if not cands:
+            return
+        emb = self.embeddings()
+        as_dense = bool(getattr(self.checks.tracer.dist, "sparse_as_dense", False))
+        add = self.checks.rec.add
+        on_device: dict[Any, list[tuple[str, Any, tuple[int, int]]]] = {}
+        for pname, p, nbytes, dtype in cands:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:
+                if not as_dense:
+                    continue  # Horovod allgathers its rows: no zeros sent
+                how = "sparse_as_dense"
+            elif id(p) in emb:
+                how = "dense"
+            else:
+                continue
+            share = self.share(g)
+            name = f"{ZERO_ROWS_PREFIX}{how}|{pname}"
+            if g.is_cuda:
+                on_device.setdefault(g.device, []).append((name, share, (nbytes, dtype)))
+            else:
+                add(_K_SCALAR, name, t, t, nbytes, dtype, float(share), step=step)
+            self.recorded += 1
+        for items in on_device.values():
+            import torch
+
+            fps = torch.stack([share for _, share, _ in items])
+            self.checks.queue(step, t, [n for n, _, _ in items], fps, [x for _, _, x in items])
+
+    def share(self, g: Any) -> Any:
+        """The share of ``g``'s rows that are all zero, as a 0-d float64 tensor on its device
+        (nothing waits for a GPU)."""
+        import torch
+
+        rows = int(g.shape[0])
+        if rows == 0:
+            return torch.zeros((), dtype=torch.float64, device=g.device)
+        if g.is_sparse:
+            mark = torch.zeros(rows, dtype=torch.bool, device=g.device)
+            mark[g._indices()[0]] = True
+            return 1.0 - mark.sum(dtype=torch.float64) / rows
+        key = (rows, g.device)
+        idx = self._index.get(key)
+        if idx is None:
+            idx = torch.tensor(
+                batch_positions(rows, ZERO_ROWS_SAMPLES), dtype=torch.int64, device=g.device
+            )
+            self._index[key] = idx
+        sample = g.detach().index_select(0, idx).reshape(len(idx), -1)
+        return 1.0 - sample.ne(0).any(dim=1).sum(dtype=torch.float64) / len(idx)
+
+
+def _dtype_code(p: Any) -> int:
+    return DTYPE_CODE[dtype_name(p.dtype)]
 
 
 def record_agree(rec: Any, name: str, value: Any, step: int | None = None) -> None:

@@ -35,8 +35,6 @@ def build_header(
     """
     mono = monotonic_ns()
     wall = time.time_ns()
-    groups = getattr(dist, "_groups", None)
-    compression = getattr(dist, "_compression", None)
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -62,23 +60,49 @@ def build_header(
         "hvtrace_version": _version("hvtrace"),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         "controller": _controller(hvd),
-        "optimizer": {
-            "class": type(dist).__mro__[1].__name__,
-            "backward_passes_per_step": getattr(dist, "backward_passes_per_step", 1),
-            "compression": getattr(compression, "__name__", None) or type(compression).__name__,
-            "op": str(getattr(dist, "op", None)),
-            "gradient_predivide_factor": getattr(dist, "gradient_predivide_factor", 1.0),
-            "groups": groups if isinstance(groups, int | None) else f"list[{len(groups)}]",
-            "sparse_as_dense": getattr(dist, "sparse_as_dense", False),
-            "tensors": len(params),
-            "grad_bytes": int(sum(p.numel() * p.element_size() for p in params)),
-        },
+        "optimizer": optimizer_info(dist, params),
         "model": model_name(model),
         "framework": framework,
         "mono_anchor_ns": mono,
         "wall_anchor_ns": wall,
         "clock": {"method": "barrier-interval", "reference_rank": 0, "start": clock.to_dict()},
         "cuda_anchor_uncertainty_ns": getattr(timer, "anchor_uncertainty_ns", None),
+    }
+
+
+#: Parameters listed one by one in the header's ``optimizer.param_bytes``, at most.
+MAX_PARAMS_LISTED = 10_000
+
+
+def optimizer_info(dist: Any, params: list) -> dict[str, Any]:
+    """The header's ``optimizer``: Horovod's options of ``dist`` and the gradients it holds.
+
+    ``distributed``: False for a plain torch optimizer traced without Horovod's (a job that
+    averages its gradients itself: :mod:`hvtrace.record.plain`; its Horovod options are then
+    null); ``class``: the torch optimizer's class; ``tensors`` and ``grad_bytes``: the
+    parameters that take gradients, their count and bytes; ``param_bytes``: each one's bytes, in
+    the optimizer's order (the first :data:`MAX_PARAMS_LISTED`), which the analysis matches
+    collectives against (:mod:`hvtrace.analysis.gradients`)."""
+    distributed = bool(getattr(dist, "distributed", True))
+    groups = getattr(dist, "_groups", None)
+    compression = getattr(dist, "_compression", None)
+    sizes = [int(p.numel() * p.element_size()) for p in params]
+    return {
+        "class": getattr(dist, "header_class", None) or type(dist).__mro__[1].__name__,
+        "distributed": distributed,
+        "backward_passes_per_step": getattr(dist, "backward_passes_per_step", 1),
+        "compression": (
+            getattr(compression, "__name__", None) or type(compression).__name__
+            if distributed
+            else None
+        ),
+        "op": str(getattr(dist, "op", None)) if distributed else None,
+        "gradient_predivide_factor": getattr(dist, "gradient_predivide_factor", 1.0),
+        "groups": groups if isinstance(groups, int | None) else f"list[{len(groups)}]",
+        "sparse_as_dense": getattr(dist, "sparse_as_dense", False),
+        "tensors": len(params),
+        "grad_bytes": int(sum(sizes)),
+        "param_bytes": sizes[:MAX_PARAMS_LISTED],
     }
 
 

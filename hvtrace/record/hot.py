@@ -305,6 +305,12 @@ class TracerHooks(PhasesBase):
             ts = cs = None
             self.fail(exc)
         out = self._orig_step(closure)
+        self._after_update(ts, cs)
+        return out
+
+    def _after_update(self, ts: Any, cs: Any) -> None:
+        """After the update that began at ``ts`` (CPU counters ``cs``; None: not timed): close
+        the update and the step, count it, and start the next step's clock. Never raises."""
         if ts is not None and self.rec.enabled:
             try:
                 self._end_step(ts, cs)
@@ -315,7 +321,6 @@ class TracerHooks(PhasesBase):
                 self.step_start, self.step_cpu = self.now(), self.read()
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
-        return out
 
     # -- phase bookkeeping (hot path, called above) ------------------------------------------------
     # C twin: ph_end_step

@@ -269,7 +269,7 @@ def _step_method(hook: Callable[..., Any], dist: Any) -> Any:
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         return hook(*args, **kwargs)
 
-    step.__doc__ = getattr(type(dist).step, "__doc__", None)
+    step.__doc__ = getattr(getattr(type(dist), "step", None), "__doc__", None)
     return types.MethodType(step, dist)
 
 
@@ -347,6 +347,9 @@ class Tracer(TracerHooks):
         self.fwd_count = 0
         self.compute_closed = self.in_sync = False
         self.has_model = model is not None
+        #: The model (a module, the stand-in that finds it: :class:`hvtrace.autotrace.
+        #: ModelFinder`, or None): the consistency checks look for its embeddings.
+        self.model = model
         #: The span name of the collective outside the optimizer this rank is blocked in, if any
         #: (:mod:`hvtrace.record.collectives`; read by the stall watchdog).
         self.in_collective: str | None = None

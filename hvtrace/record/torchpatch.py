@@ -8,6 +8,11 @@ after that tracer's model's forward (:meth:`hvtrace.record.optimizer.Tracer._bac
 with two traced optimizers (a GAN's), each sees the backward after its own model's forward.
 Without a tracer it costs a global lookup and an empty loop.
 
+A plain optimizer's tracer (:mod:`hvtrace.record.plain`: no Horovod optimizer, whose first
+allreduce would mark the backward's end) also needs to know when the backward *returns*: the
+objects in :data:`returns` (:func:`observe_return`) get ``_backward_returned()`` after PyTorch's
+function. Without one that is a second global lookup and empty loop per backward call.
+
 This replaced a pre-hook registered on the output's autograd node at every forward: measured in
 ``bench/recorder_floor.py`` on the 2-core development machine, the pre-hook cost about 15 µs per
 step (registering it on a fresh node at every forward, and the autograd engine calling into
@@ -23,6 +28,8 @@ from typing import Any
 
 #: The tracers that time backward passes (those traced with ``model=``, until their finish).
 observers: tuple = ()
+#: What is told when a backward pass returns (a plain optimizer's step hooks, until its finish).
+returns: tuple = ()
 _patched = False
 
 
@@ -40,6 +47,29 @@ def unobserve(tracer: Any) -> None:
     observers = tuple(o for o in observers if o is not tracer)
 
 
+class _Returned:
+    """The handle :func:`observe_return` returns: ``remove()`` stops the calls."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def remove(self) -> None:
+        global returns
+        returns = tuple(o for o in returns if o is not self.obj)
+
+
+def observe_return(obj: Any) -> _Returned:
+    """Call ``obj._backward_returned()`` after every backward call from now on (``obj.fail(exc)``
+    if it raises); returns a handle whose ``remove()`` stops it."""
+    global returns
+    patch_backward()
+    if obj not in returns:
+        returns = (*returns, obj)
+    return _Returned(obj)
+
+
 def patch_backward() -> None:
     """Install the wrapper (idempotent)."""
     global _patched
@@ -55,7 +85,13 @@ def patch_backward() -> None:
                 obs._backward_called()
             except Exception as exc:  # noqa: BLE001 - never into training
                 obs.fail(exc)
-        return orig(*args, **kwargs)
+        out = orig(*args, **kwargs)
+        for obs in returns:
+            try:
+                obs._backward_returned()
+            except Exception as exc:  # noqa: BLE001 - never into training
+                obs.fail(exc)
+        return out
 
     torch.autograd.backward = functools.update_wrapper(backward, orig)
     _patched = True
