@@ -4,7 +4,9 @@ Every case is a real ``horovodrun --gloo`` job of one of hvtrace's example scrip
 a small CNN, Lightning), either clean (a correct job) or with one known fault injected (a sleep
 or extra compute in one rank's phase, a busy process pinned to one rank's core, blocking work on
 rank 0, a missing broadcast, learning rates driven apart, ranks out of lockstep: a rank that
-stops early, skips a batch, or issues a collective a step late). Each runs at 2 and 4 ranks, on a
+stops early, skips a batch, or issues a collective a step late; one of the seed article's
+anti-patterns: unsharded data, gradients averaged by hand, an embedding's gradient sent dense,
+more torch threads than cores). Each runs at 2 and 4 ranks, on a
 quiet host and on a busy one (a neighbour process that keeps one core busy for the whole job).
 The run is analyzed (``hvtrace analyze --json``) and every verdict is scored against what was
 injected:
@@ -14,6 +16,9 @@ injected:
   that), **missed** (nothing named), **false alarm** (a clean job got a straggler, divergence,
   blocking-work or other warning that is not true of the host; on the busy host a host
   contention finding is true and allowed);
+- an anti-pattern is **right** when its finding (of any severity: a costly one is a warning, a
+  cheap one a note) names the injected ranks and the step it was first seen, and nothing is
+  named slow or apart beside it;
 - live (the verdicts the job itself logged, recorded in rank 0's trace): the same, with the delay
   in steps from the fault's start to the end of the window that named it, and on clean jobs the
   lines logged (a host-contention line per episode is allowed on the busy host; a rank named is a
@@ -57,7 +62,16 @@ RANK_KINDS = ("straggler", "contention", "rank0_blocking", "slow_host", "collect
 #: Warnings a clean job must not get (a rank or host named slow, ranks apart); a host-level
 #: contention finding, communication-bound steps and the cost of a collective are measurements
 #: of the host and the job, listed as notes (see score_offline).
-CLEAN_FORBIDDEN = (*RANK_KINDS, "divergence", "late_unexplained", "lockstep")
+#: The seed article's anti-patterns (issue 40): what a job does wrong, not a rank that is slow.
+ANTIPATTERN_KINDS = (
+    "unsharded_data",
+    "manual_averaging",
+    "sparse_as_dense",
+    "oversubscribed",
+    "shared_gpu",
+)
+
+CLEAN_FORBIDDEN = (*RANK_KINDS, "divergence", "late_unexplained", "lockstep", *ANTIPATTERN_KINDS)
 
 
 def _host_level(f: dict[str, Any]) -> bool:
@@ -99,12 +113,19 @@ def _lockstep(rank: int, step: int, what: str) -> dict:
     return {"kind": "lockstep", "rank": rank, "step": step, "what": what}
 
 
+def _antipattern(kind: str, ranks: tuple[int, ...] | None, step: int | None) -> dict:
+    """An anti-pattern's finding ``kind`` naming ``ranks`` (None: every rank of the job) first
+    seen at ``step`` (None: a finding of the whole run)."""
+    return {"kind": "finding", "finding": kind, "ranks": ranks, "step": step}
+
+
 def cases(steps: int, slow_ms: float) -> list[Case]:
     """The matrix. Faults begin at 40 % of the steps where the script can start them mid-run."""
     mid = int(steps * 0.4)
     ms = f"{slow_ms:g}"
     sleep = ("--slow-rank", "1", "--slow-ms", ms, "--slow-from-step", str(mid))
     lit = ("--width", "256", "--layers", "4", "--batch-size", "64")
+    sparse = ("--embedding", "20000", "--sparse-embedding", "--consistency-every", "10")
     return [
         # clean jobs
         Case("clean-mlp", "train"),
@@ -235,6 +256,54 @@ def cases(steps: int, slow_ms: float) -> list[Case]:
         # in step, though one rank skipped a backward (Horovod allreduces zeros for it)
         Case(
             "clean-skip-backward", "train", ("--skip-backward-rank", "1", "--stop-step", str(mid))
+        ),
+        # the seed article's anti-patterns (issue 40); clean-mlp is the clean twin of the first
+        # three (sharded data, Horovod's optimizer, a thread per core), clean-embedding-sparse of
+        # the dense embeddings (Horovod's sparse path: nothing sent dense)
+        Case(
+            "unsharded",
+            "train",
+            ("--unsharded", "--consistency-every", "10"),
+            _antipattern("unsharded_data", None, 0),
+        ),
+        Case(
+            "manual-blocking",
+            "train",
+            ("--manual-average", "blocking"),
+            _antipattern("manual_averaging", None, 0),
+        ),
+        Case(
+            "manual-async",
+            "train",
+            ("--manual-average", "async"),
+            _antipattern("manual_averaging", None, 0),
+            held_out=True,
+        ),
+        Case(
+            "embedding-dense",
+            "train",
+            ("--embedding", "20000", "--consistency-every", "10"),
+            _antipattern("sparse_as_dense", None, 0),
+        ),
+        Case(
+            "embedding-sad",
+            "train",
+            (*sparse, "--sparse-as-dense"),
+            _antipattern("sparse_as_dense", None, 0),
+            held_out=True,
+        ),
+        Case(
+            "clean-embedding-sparse",
+            "train",
+            sparse,
+        ),
+        Case(
+            "threads-oversubscribed",
+            "train",
+            ("--torch-threads", "4"),
+            _antipattern("oversubscribed", None, None),
+            nps=(2,),
+            held_out=True,
         ),
     ]
 
@@ -377,6 +446,8 @@ def score_offline(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> di
             "evidence": [f["message"][:160] for f in bad],
             "notes": notes,
         }
+    if exp["kind"] == "finding":
+        return _score_antipattern(exp, findings, warnings, int(rep.get("size") or 0))
     if exp["kind"] == "lockstep":
         lock = [f for f in findings if f["kind"] == "lockstep"]
         if not lock:
@@ -397,6 +468,38 @@ def score_offline(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> di
     if named:
         return {"score": "wrong", "evidence": named[:3]}
     return {"score": "missed", "evidence": [f["message"][:160] for f in warnings][:3]}
+
+
+def _finding_ranks(d: dict[str, Any]) -> set[int]:
+    """The ranks a finding's data names (``ranks`` a list, a count, or its groups' ranks)."""
+    ranks = d.get("ranks")
+    if isinstance(ranks, list):
+        return {int(r) for r in ranks}
+    return {int(r) for g in d.get("groups") or [] for r in g.get("ranks", [])}
+
+
+def _score_antipattern(
+    exp: dict[str, Any], findings: list[dict[str, Any]], warnings: list[dict[str, Any]], size: int
+) -> dict[str, Any]:
+    """Right: one finding of the expected kind names the expected ranks (every rank of the job
+    when None) and step, and no rank is named slow or apart (nor another anti-pattern) beside it."""
+    got = [f for f in findings if f["kind"] == exp["finding"]]
+    others = [
+        f
+        for f in warnings
+        if f["kind"] in CLEAN_FORBIDDEN and f["kind"] != exp["finding"] and not _host_level(f)
+    ]
+    if not got:
+        return {"score": "missed", "evidence": [f["message"][:160] for f in warnings][:3]}
+    d = got[0].get("data") or {}
+    want = set(exp["ranks"]) if exp["ranks"] is not None else set(range(size))
+    step_ok = exp["step"] is None or (d.get("step") is not None and int(d["step"]) == exp["step"])
+    ok = _finding_ranks(d) == want and step_ok and not others
+    ev = [f"{got[0]['severity']}: {got[0]['message'][:140]}"]
+    return {
+        "score": "right" if ok else "wrong",
+        "evidence": ev + [f["message"][:100] for f in others][:2],
+    }
 
 
 def _lockstep_ok(b: dict[str, Any], exp: dict[str, Any]) -> bool:
@@ -429,7 +532,7 @@ def score_live(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> dict[
         return {**res, "score": "right" if ok else "wrong", "evidence": [_short(lock[0])]}
     if exp is None and lock:
         return {**res, "score": "false_alarm", "evidence": [_short(e) for e in lock[:3]]}
-    if exp is None or exp["kind"] == "divergence":
+    if exp is None or exp["kind"] in ("divergence", "finding"):
         if late:
             return {**res, "score": "false_alarm", "evidence": [_short(e) for e in late[:3]]}
         # a host short of CPU is a measurement of the host (its lines are counted, not scored)

@@ -41,8 +41,10 @@ from hvtrace.selection import StepRange
 
 log = logging.getLogger(__name__)
 
-#: Seconds to wait for the scheduler when connecting.
-CONNECT_TIMEOUT_S = 10.0
+#: Seconds to wait for the scheduler when connecting: 8, so that with Dask's import (about a
+#: second) an address that is not a scheduler ends the command within the 10 s docs/scale.md
+#: promises (at 10 it took 11.3-11.7 s).
+CONNECT_TIMEOUT_S = 8.0
 #: Tasks per worker the ranks are split into (fewer when there are fewer ranks).
 TASKS_PER_WORKER = 4
 #: Seconds the analysis waits with no worker in the cluster before it gives up.

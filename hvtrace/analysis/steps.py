@@ -347,8 +347,10 @@ def step_rows(
     with np.errstate(invalid="ignore", divide="ignore"):
         model = out["model_ns"].to_numpy()
         out["comm_compute_ratio"] = np.where(model > 0, comm / np.maximum(model, 1), np.nan)
+        nbytes = out["allreduce_bytes"].to_numpy()
+        # no bytes known (0: unknown, as an impossible count is made): no bandwidth, not zero
         out["algbw_gbps"] = np.where(
-            allreduce > 0, out["allreduce_bytes"].to_numpy() / np.maximum(allreduce, 1), np.nan
+            (allreduce > 0) & (nbytes > 0), nbytes / np.maximum(allreduce, 1), np.nan
         )
     return out
 

@@ -341,6 +341,9 @@ def _parse_header(path: Path, raw: bytes | None, where: str) -> dict[str, Any]:
         if k in header and not _is(header[k], types):
             shown = textwrap.shorten(repr(header[k]), 60, placeholder="…")
             raise TraceError(_problem(path, f"header {k} is {shown}, not {what}"))
+        if isinstance(header.get(k), int) and not 0 <= header[k] < MAX_HEADER_INT:
+            shown = textwrap.shorten(repr(header[k]), 60, placeholder="…")
+            raise TraceError(_problem(path, f"header {k} is {shown}, out of range (0 to 2**62)"))
     start = header["clock"].get("start")
     if start is not None and not isinstance(start, dict):
         raise TraceError(_problem(path, "header clock start is not a JSON object"))
@@ -349,6 +352,10 @@ def _parse_header(path: Path, raw: bytes | None, where: str) -> dict[str, Any]:
 
 #: More ranks than any job has: a header claiming more is not trusted (it would drive the work).
 MAX_RANKS: Final = 1 << 20
+
+#: Integers of the header (times in ns, ids, counts) are below this (about 146 years in ns):
+#: a larger one is damage, and would overflow the int64 arithmetic of the times built on it.
+MAX_HEADER_INT: Final = 1 << 62
 
 #: Header fields hvtrace reads, with the JSON types they must have when present.
 _HEADER_TYPES: Final = (

@@ -297,7 +297,7 @@ class span:
     __slots__ = ("_cpu", "_rec", "_start", "_step", "name")
 
     def __init__(self, name: str) -> None:
-        self.name = str(name)
+        self.name = _name(name, "span")
         self._start = 0
         self._rec: Recorder | None = None
         self._step = 0
@@ -379,7 +379,7 @@ def scalar(name: str, value: Any, agree: bool = False) -> None:
         t = monotonic_ns()
         step = rec.step - 1 if rec.between_steps and rec.step > 0 else rec.step
         flags = _FLAG_AGREE if agree else 0
-        rec.add(_K_SCALAR, str(name), t, t, value=number, flags=flags, step=step)
+        rec.add(_K_SCALAR, _name(name, "scalar"), t, t, value=number, flags=flags, step=step)
     except Exception as e:  # noqa: BLE001
         rec.fail(f"recording scalar {name!r}: {e}")
 
@@ -395,8 +395,27 @@ def _number(value: Any) -> float | None:
         if isinstance(value, (str, bytes)):
             return None
         return float(value)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
+    except Exception:  # noqa: BLE001 - whatever the user's __float__ raises: the value dropped
         return None
+
+
+#: What a name that cannot be made a string is stored as.
+UNNAMED = "<unprintable name>"
+
+
+def _name(name: Any, call: str) -> str:
+    """``str(name)``, or :data:`UNNAMED` with one warning when the user's ``__str__`` raises: a
+    name that cannot be printed is not a reason to lose the record or stop recording."""
+    if isinstance(name, str):
+        return name
+    try:
+        return str(name)
+    except Exception as e:  # noqa: BLE001
+        _warn_once(
+            f"hvtrace.{call}() got a name of type {type(name).__name__} that cannot be made a "
+            f"string ({type(e).__name__}): recorded as {UNNAMED!r} (recording goes on)"
+        )
+        return UNNAMED
 
 
 _warned: set[str] = set()

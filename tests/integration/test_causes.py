@@ -77,21 +77,29 @@ def test_an_injected_delay_is_named_with_its_cause(tmp_path: Path, kind: str, ca
 def test_a_busy_neighbour_on_the_ranks_core_is_contention(tmp_path: Path) -> None:
     core = sorted(os.sched_getaffinity(0))[1]  # --pin-cores puts local rank 1 here
     spin = f"import os; os.sched_setaffinity(0, {{{core}}}); x = 0\nwhile True:\n    x += 1"
-    busy = subprocess.Popen([sys.executable, "-c", spin])
+    # three busy processes on rank 1's core (a quarter of it left to rank 1), so that the signal
+    # outlasts other work on the machine: with one (half of the core) and a test run beside it
+    # on the other core, rank 0 waited for a CPU as long as rank 1 and nobody was named (CI,
+    # 28 Nov 2026: rank 1 last in 53 % of the steps, 0.2 ms late)
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
     try:
         # 80 steps: at 40, one CI run in four named nobody (rank 1's lateness was put down to
         # starting its steps late, not to its own phases): too few steps for this noise
         a = _analyze(tmp_path, "--pin-cores", steps=80)
     finally:
-        busy.kill()
-        busy.wait()
+        for b in busy:
+            b.kill()
+            b.wait()
     s = _the_straggler(a)
     assert s["cause"] == "contention", s
     assert s["contention_ms"] >= 0.5 * s["phase_excess_ms"] > 0, s
     kinds = {f.kind for f in a.findings}
     assert "contention" in kinds and "straggler" not in kinds, [f.message for f in a.findings]
-    # rank 1 waited for its CPU far longer per step than rank 0 (which shares its own core with
-    # its Horovod and writer threads only: 8.5 vs 32.5 ms per step in one run)
+    # rank 1 waited for its CPU longer per step than rank 0, which shares its own core with its
+    # Horovod and writer threads only, or with whatever else runs on the machine: 8.5 vs 32.5 ms
+    # per step in a quiet run with one busy process; with two and a busy neighbour free to move
+    # (`make test-busy`), 8.5 vs 12.0 ms: rank 0 waits too then, so the margin is in ms, not a
+    # ratio
     st = a.steps[a.steps["step"] >= 1]
     runq = st.groupby("rank")["step_runq_ns"].median() / 1e6
-    assert runq[1] > 2 * max(runq[0], 0.2), runq.to_dict()
+    assert runq[1] > runq[0] + 2.0, runq.to_dict()

@@ -514,6 +514,10 @@ PARQUET_CASES = {
     "header not json": ({HEADER_KEY: b"{nope"}, None, "not valid JSON"),
     "header nested too deep": ({HEADER_KEY: b"[" * 100_000 + b"]" * 100_000}, None, "valid JSON"),
     "version 3": (_hdr(version=3), None, "version 3"),
+    # past int64 (or near it): the times built on it would overflow
+    "anchor out of range": (_hdr(mono_anchor_ns=2**63 - 1), None, "out of range"),
+    "anchor of 30 digits": (_hdr(wall_anchor_ns=10**30), None, "out of range"),
+    "negative pid": (_hdr(pid=-5), None, "out of range"),
     "rank outside size": (_hdr(3, 2), None, "outside size"),
     "wrong columns": (
         _hdr(),

@@ -99,6 +99,21 @@ def test_an_impossible_byte_count_is_unknown_not_a_bandwidth(clean: Path, tmp_pa
     ]
 
 
+def test_a_rank_whose_byte_counts_are_all_impossible_has_no_bandwidth_not_zero(
+    clean: Path, tmp_path: Path
+) -> None:
+    def change(t: pa.Table) -> pa.Table:
+        m = pc.equal(pc.cast(t["kind"], pa.string()), "allreduce").to_numpy(zero_copy_only=False)
+        v = t["bytes"].to_numpy().copy()
+        v[m] = np.iinfo(np.int64).max
+        i = t.schema.get_field_index("bytes")
+        return t.set_column(i, "bytes", pa.array(v, t.schema.field("bytes").type))
+
+    a = analyze(open_run(_damaged(clean, tmp_path, change)))
+    bw = a.per_rank.set_index("rank")["algbw_gbps"]
+    assert np.isnan(bw[1]) and bw[0] > 0, bw.to_dict()
+
+
 def test_a_clean_run_has_no_such_problem(clean: Path) -> None:
     a = analyze(open_run(clean))
     assert not [p for p in a.problems if p.startswith("rank ")]

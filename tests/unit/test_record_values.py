@@ -62,9 +62,33 @@ def test_a_name_that_is_not_unicode_is_stored_escaped_and_the_run_kept(rec, tmp_
     assert len(warned) == 1, warned
 
 
+class FloatRaises:
+    """A value whose ``__float__`` raises what no number conversion would."""
+
+    def __float__(self) -> float:
+        raise ZeroDivisionError("boom")
+
+
+class StrRaises:
+    """A name whose ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise KeyError("no name")
+
+
 @pytest.mark.parametrize(
     "value",
-    ["text", b"raw", [1, 2], None, {"a": 1}, complex(1, 2), np.array([1.0, 2.0]), object()],
+    [
+        "text",
+        b"raw",
+        [1, 2],
+        None,
+        {"a": 1},
+        complex(1, 2),
+        np.array([1.0, 2.0]),
+        object(),
+        FloatRaises(),
+    ],
     ids=lambda v: type(v).__name__,
 )
 def test_a_value_that_is_not_a_number_is_dropped_and_recording_goes_on(
@@ -91,3 +115,27 @@ def test_numbers_of_every_kind_are_recorded(rec, tmp_path):
     spans = open_run(tmp_path).spans
     got = spans.loc[spans["name"] == "x", "value"].tolist()
     assert got == [1.0, 2.5, 1.0, 0.25, 7.0, 3.0, 4.5]
+
+
+def test_a_name_that_cannot_be_printed_is_recorded_unnamed_and_recording_goes_on(
+    rec, tmp_path, caplog
+) -> None:
+    def bad(s: int) -> None:
+        if s == 3:
+            with R.span(StrRaises()):
+                pass
+            R.scalar(StrRaises(), 2.0)
+        R.scalar("ok", float(s))
+
+    with caplog.at_level(logging.WARNING, logger="hvtrace"):
+        _steps(rec, bad)
+        assert rec.enabled
+        rec.close()
+    spans = open_run(tmp_path).spans
+    assert sorted(spans.loc[spans["kind"] == "forward", "step"]) == list(range(STEPS))
+    assert len(spans[spans["name"] == "ok"]) == STEPS
+    unnamed = spans[spans["name"] == R.UNNAMED]
+    assert sorted(unnamed["kind"].astype(str)) == ["scalar", "user"]
+    assert (unnamed["step"] == 3).all()
+    warned = [r.getMessage() for r in caplog.records if "cannot be made a string" in r.getMessage()]
+    assert len(warned) == 2 and {"span()" in w for w in warned} == {True, False}, warned
