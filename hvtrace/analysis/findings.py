@@ -341,6 +341,12 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         )
     v = a.verdicts.set_index("rank")
     on_slow_host = {int(r) for ranks in a.slow_hosts["ranks"] for r in ranks}
+    oversubscribed = {
+        int(r): e
+        for e in (getattr(a, "placement", None) or {}).get("hosts") or []
+        if e.get("oversubscribed")
+        for r in e.get("ranks") or []
+    }
     for _, s in a.stragglers.iterrows():
         r = int(s["rank"])
         if r in on_slow_host:
@@ -369,8 +375,19 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
             msg = msg.replace(f"{head}", f"{head} {span}", 1)
         costs, sev, cdata = _cost_words(s)
         msg += costs
+        threads_wait = cause == "blocked" and r in oversubscribed
+        if threads_wait:
+            # its training thread waits for its own intra-op threads, which wait for a CPU: on
+            # the training thread's counters that is neither work nor its own run-queue wait
+            e = oversubscribed[r]
+            msg += (
+                f"; its host is oversubscribed ({e.get('threads_total')} torch threads on "
+                f"{e.get('cores')} cores: see that finding): a training thread that waits for "
+                "its own intra-op threads, themselves waiting for a CPU, shows as blocked, so "
+                "the likely cause is the threads, not I/O"
+            )
         if cause:
-            msg += f"; {cause_advice(cause, a.controller)}"
+            msg += f"; {cause_advice('contention' if threads_wait else cause, a.controller)}"
         elif r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
             msg += (
                 " (on a CPU run rank 0 also runs Horovod's coordinator: with more busy threads "
@@ -379,6 +396,8 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         data = {"rank": r, "phase": s["phase"], "phase_excess_ms": _f(s["phase_excess_ms"])}
         if cause:
             data["cause"] = cause
+            if threads_wait:
+                data["oversubscribed_host"] = str(oversubscribed[r].get("host", ""))
             data.update({f"{c}_ms": _f(s[f"{c}_ms"]) for c in ("work", "contention", "blocked")})
         data.update(cdata)
         for c in ("from_step", "to_step"):

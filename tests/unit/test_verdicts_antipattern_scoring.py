@@ -49,6 +49,15 @@ def test_an_antipattern_named_for_every_rank_at_its_step_is_right(vb) -> None:
     assert score(man, _rep(MANUAL)) == "right"  # a note is a finding too
     assert score(over, _rep(_f("oversubscribed", {"ranks": [0, 1]}), size=2)) == "right"
     assert score(over, _rep(_f("oversubscribed", {"ranks": [0]}), size=2)) == "wrong"
+    # a rank named late for its starved threads on that host is the same verdict; for I/O, not
+    over_f = _f("oversubscribed", {"ranks": [0, 1]})
+    threads = dict(SLOW, data=dict(SLOW["data"], cause="blocked", oversubscribed_host="vm"))
+    assert score(over, _rep(over_f, threads, size=2)) == "right"
+    assert score(over, _rep(over_f, SLOW, size=2)) == "wrong"
+    assert score(un, _rep(UNSHARDED, threads)) == "wrong"
+    # four 1-thread ranks on 2 cores are oversubscribed: a fact of the host, not an accusation
+    assert score(un, _rep(UNSHARDED, over_f)) == "right"
+    assert vb.score_offline(vb.Case("c", "train"), _rep(over_f), False, 200)["score"] == "clean"
 
 
 def test_an_antipattern_warning_on_a_clean_job_is_a_false_alarm(vb) -> None:
