@@ -43,39 +43,51 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 
-def measure(checks: int, steps: int, threads: int) -> dict[str, float]:
-    """Median µs per batch check (two batch sizes), per unchecked forward, ms per demo step."""
+def _demo(threads: int) -> tuple[Any, Any, Callable[[Any], None]]:
+    """The demo model (``MLP(1024, 6)``) on ``threads`` torch threads, seeded, its data's
+    generator, and ``step(opt)``: one step of ``opt`` over a 128-sample batch."""
     import torch
     from torch import nn
 
     from hvtrace.examples.train import MLP
-    from hvtrace.record.consistency import BatchFingerprints, ConsistencyChecks
-    from hvtrace.record.recorder import Recorder
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = MLP(1024, 6)
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(1)
     w_true = torch.randn(256, 10, generator=gen)
 
-    def step() -> None:
+    def step(opt: Any) -> None:
         x = torch.randn(128, 256, generator=gen)
         y = (x @ w_true).argmax(dim=1)
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
 
+    return model, gen, step
+
+
+def measure(checks: int, steps: int, threads: int) -> dict[str, float]:
+    """Median µs per batch check (two batch sizes), per unchecked forward, ms per demo step."""
+    import torch
+
+    from hvtrace.record.consistency import BatchFingerprints, ConsistencyChecks
+    from hvtrace.record.recorder import Recorder
+
+    model, gen, step = _demo(threads)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     for _ in range(3):
-        step()
+        step(opt)
     step_ms = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        step()
+        step(opt)
         step_ms.append((time.perf_counter() - t0) * 1e3)
 
     demo = torch.randn(128, 256, generator=gen)
@@ -153,19 +165,12 @@ def measure_plain_steps(steps: int, threads: int) -> dict[str, float]:
     import itertools
 
     import torch
-    from torch import nn
 
-    from hvtrace.examples.train import MLP
     from hvtrace.record import plain, torchpatch
     from hvtrace.record.optimizer import Tracer
     from hvtrace.record.recorder import Recorder
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = MLP(1024, 6)
-    loss_fn = nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(1)
-    w_true = torch.randn(256, 10, generator=gen)
+    model, _gen, step = _demo(threads)
     plain_opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     traced_opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     out: dict[str, float] = {}
@@ -175,25 +180,13 @@ def measure_plain_steps(steps: int, threads: int) -> dict[str, float]:
         tr.now, tr.read = time.monotonic_ns, (lambda: None)  # counters: not measured here
         tr.rec, tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = rec, 0, 0, False, False
         tr._grad_enabled = torch.is_grad_enabled
-        tr.meta, tr.rows, tr.enqueued, tr.done, tr.done_rows = {}, [], [], [], []
-        tr.poll_idx = tr.grad_mark = 0
+        tr.meta, tr.rows, tr.done_rows, tr.steps_done = {}, [], [], 0
+        tr._clear_step()
         tr.step_start = tr.step_cpu = time.monotonic_ns()
-        tr.fwd_start = tr.fwd_cpu = tr.bwd_start = tr.bwd_cpu = None
-        tr.sync_exit = tr.sync_cpu = tr.last_grad = None
-        tr.fwd_count, tr.steps_done = 0, 0
-        tr.compute_closed = tr.in_sync = False
         tr.checks = tr.live = None
         tr._hooks = []
         tr.resync_clock = lambda: None  # the scheduled clock collective: no Horovod here
         steps_obj = plain.install(tr, traced_opt)
-
-        def step(opt: torch.optim.Optimizer) -> None:
-            x = torch.randn(128, 256, generator=gen)
-            y = (x @ w_true).argmax(dim=1)
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-
         for _ in range(3):
             step(plain_opt)
             step(traced_opt)

@@ -345,13 +345,41 @@ def rewrite_header(path: str | os.PathLike, edit: Any) -> None:
             w.write_batch(b)
 
 
-def synth_module() -> Any:
-    """Import ``bench/synth_run.py`` (the synthetic-run writer the benchmarks use)."""
-    spec = importlib.util.spec_from_file_location("synth_run", REPO_ROOT / "bench" / "synth_run.py")
+def bench_module(name: str) -> Any:
+    """Import ``bench/NAME.py`` (a benchmark script, not a package) once per session; it is put
+    in ``sys.modules`` before it runs, as dataclasses look their module up."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["synth_run"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def synth_module() -> Any:
+    """Import ``bench/synth_run.py`` (the synthetic-run writer the benchmarks use)."""
+    return bench_module("synth_run")
+
+
+def layout_texts(node: Any) -> list[str]:
+    """Every string in a Dash layout's or a figure's JSON (children and figure text)."""
+    import plotly
+
+    out: list[str] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(json.loads(json.dumps(node, cls=plotly.utils.PlotlyJSONEncoder)))
+    return out
 
 
 def damage_row_group(path: str | os.PathLike, index: int) -> None:

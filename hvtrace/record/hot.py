@@ -155,6 +155,17 @@ class TracerHooks(PhasesBase):
     ``resync_clock``; ``poll_interval_ns`` and ``_poll``, set by the tracer) is the tracer's.
     ``_backward_called`` and ``_grad_ready`` have no C twin (they run from Python callers)."""
 
+    def _clear_step(self) -> None:
+        """The state a step begins from: no allreduce enqueued or done, no phase open, no
+        forward counted (``grad_mark``: ``enqueued``'s length when the current backward pass
+        began; its last gradient is the last allreduce enqueued after it, see ``_grad_end``).
+        Set when the tracer is made, and again when an elastic reset drops a partial step."""
+        self.enqueued, self.done, self.poll_idx, self.grad_mark = [], [], 0, 0
+        self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
+        self.sync_exit = self.sync_cpu = self.last_grad = None
+        self.fwd_count = 0
+        self.compute_closed = self.in_sync = False
+
     # -- _hot/enqueue.c: per allreduce -------------------------------------------------------------
     # C twin: Enqueue (its vectorcall, note)
     def _enqueue_wrapper(self, orig: Any, key_of: Any) -> Any:

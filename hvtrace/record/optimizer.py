@@ -330,22 +330,13 @@ class Tracer(TracerHooks):
         self._finished = False
         self.meta: dict[Any, tuple[list, list, list]] = {}  # allreduce key -> names, bytes, dtypes
         self.rows: list = []
-        self.enqueued: list[tuple] = []
-        self.done: list[tuple] = []
-        self.poll_idx = 0
-        #: ``enqueued``'s length when the current backward pass began (its last gradient is the
-        #: last allreduce enqueued after it: see :meth:`_grad_end`).
-        self.grad_mark = 0
+        self._clear_step()
         #: While gradients are being enqueued, in-flight allreduces are polled for completion at
         #: most this often (host timer; ``$HVTRACE_POLL_US``, default 200 µs): a completion is
         #: seen within about this long of happening (or at ``synchronize``), and a model with
         #: hundreds of small tensors does not poll once per tensor.
         self.poll_interval_ns = settings.poll_interval_ns()
         self.step_start, self.step_cpu = self.now(), self.read()
-        self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
-        self.sync_exit = self.sync_cpu = self.last_grad = None
-        self.fwd_count = 0
-        self.compute_closed = self.in_sync = False
         self.has_model = model is not None
         #: The model (a module, the stand-in that finds it: :class:`hvtrace.autotrace.
         #: ModelFinder`, or None): the consistency checks look for its embeddings.
@@ -513,11 +504,7 @@ class Tracer(TracerHooks):
     def drop_partial_step(self) -> None:
         """Forget the step an elastic reset interrupted (its spans and allreduce handles)."""
         self.rows, self.done_rows = [], []
-        self.enqueued, self.done, self.poll_idx, self.grad_mark = [], [], 0, 0
-        self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
-        self.sync_exit = self.sync_cpu = self.last_grad = None
-        self.fwd_count = 0
-        self.compute_closed = self.in_sync = False
+        self._clear_step()
         self.in_collective = None
         self.rec.micro = 0
         self.rec.between_steps = False

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from helpers import synth_module
+from helpers import layout_texts, synth_module
 
 pytest.importorskip("dash")
 
@@ -32,28 +31,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return a, b
 
 
-def _texts(node) -> list[str]:
-    """Every string in a Dash layout's JSON (children and figure text)."""
-    out = []
-
-    def walk(x):
-        if isinstance(x, str):
-            out.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(json.loads(json.dumps(node, cls=__import__("plotly").utils.PlotlyJSONEncoder)))
-    return out
-
-
 def test_the_page_shows_what_hvtrace_diff_says(runs: tuple[Path, Path]) -> None:
     d = diff_runs(analyze(open_run(runs[0])), analyze(open_run(runs[1])))
     text = format_diff(d, width=10_000)
-    page = _texts(compare_layout(d).to_plotly_json())
+    page = layout_texts(compare_layout(d).to_plotly_json())
     joined = "\n".join(page)
     head = next(ln for ln in text.splitlines() if ln.startswith("step time (median)"))
     assert head in page and "slower: a significant change" in page

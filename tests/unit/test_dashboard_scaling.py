@@ -4,16 +4,14 @@ up to it), names from the traces escaped."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from analysis_frames import synth_spans
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, layout_texts
 
 pytest.importorskip("dash")
 
-import plotly
 from hvtrace_dashboard import app as dash_app
 from hvtrace_dashboard import scaling as scaling_page
 from hvtrace_dashboard.scaling import (
@@ -52,24 +50,6 @@ def study():
     return scaling(analyses), analyses
 
 
-def _texts(node) -> list[str]:
-    """Every string in a Dash layout's or figure's JSON."""
-    out: list[str] = []
-
-    def walk(x):
-        if isinstance(x, str):
-            out.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(json.loads(json.dumps(node, cls=plotly.utils.PlotlyJSONEncoder)))
-    return out
-
-
 def _by_id(layout, id_: str):
     return next(c for c in layout.children if getattr(c, "id", None) == id_)
 
@@ -94,9 +74,9 @@ def test_the_efficiency_curve_holds_the_analysis_numbers_and_the_prediction_apar
     assert measured.line.dash is None  # the measured curve is solid: only the prediction dashed
     # its assumptions, in words, on the page
     page = scaling_layout(s)
-    said = "\n".join(_texts(_by_id(page, "scl-prediction").to_plotly_json()))
+    said = "\n".join(layout_texts(_by_id(page, "scl-prediction").to_plotly_json()))
     assert "At 8 ranks (predicted)" in said and f"{p['step_ms']:.2f} ms" in said
-    assumptions = _texts(_by_id(page, "scl-assumptions").to_plotly_json())
+    assumptions = layout_texts(_by_id(page, "scl-assumptions").to_plotly_json())
     assert all(a in assumptions for a in s.assumptions) and len(s.assumptions) == 3
 
 
@@ -125,7 +105,7 @@ def test_the_app_builds_and_shows_each_run(study) -> None:
     hosts = run_hosts(s, analyses)
     assert hosts == [["node0"], ["node0"], ["node0", "node1"]]
     app = create_scaling_app(s, hosts)
-    texts = _texts(app.layout.to_plotly_json())
+    texts = layout_texts(app.layout.to_plotly_json())
     for r in s.runs.itertuples():
         assert r.run_id in texts and f"{r.efficiency:.0%}" in texts
     assert "node0, node1" in texts
@@ -138,7 +118,7 @@ def test_run_ids_and_hosts_from_the_traces_are_escaped() -> None:
     page = create_scaling_app(s, run_hosts(s, analyses)).layout
     # text in Dash components is shown as text (React escapes it), never parsed as HTML: the
     # names are there as they are, and nothing on the page renders raw markup
-    texts = _texts(page.to_plotly_json())
+    texts = layout_texts(page.to_plotly_json())
     assert f"{EVIL_ID}-4" in texts and any(EVIL_HOST + "0" in x for x in texts)
 
     def kinds(c) -> set[str]:
@@ -152,7 +132,7 @@ def test_run_ids_and_hosts_from_the_traces_are_escaped() -> None:
     assert not kinds(page) & {"Markdown", "Iframe", "Script", "DangerouslySetInnerHTML"}
     # figure text (hover, labels) is read by plotly as HTML: there the names are escaped
     for fig in (efficiency_figure(s), loss_figure(s)):
-        ftexts = _texts(fig.to_plotly_json())
+        ftexts = layout_texts(fig.to_plotly_json())
         assert not any("<img" in x or "<script" in x for x in ftexts)
         assert any("&lt;img src=x onerror=alert(1)&gt;-4" in x for x in ftexts)
 

@@ -84,14 +84,10 @@ class Job:
         tr.now, tr.read, tr.rec = now, read, FakeRec()
         tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, FLAG_END_UPPER_BOUND, cuda, model
         tr._grad_enabled = torch.is_grad_enabled
-        tr.meta, tr.rows, tr.enqueued, tr.done, tr.done_rows = {}, [], [], [], []
-        tr.poll_idx = tr.grad_mark = 0
+        tr.meta, tr.rows, tr.done_rows, tr.steps_done = {}, [], [], 0
+        tr._clear_step()
         tr.poll_interval_ns, tr._poll = 0, (lambda h: 0)  # nothing completes before the wait
         tr.step_start, tr.step_cpu = tr.now(), tr.read()
-        tr.fwd_start = tr.fwd_cpu = tr.bwd_start = tr.bwd_cpu = None
-        tr.sync_exit = tr.sync_cpu = tr.last_grad = None
-        tr.fwd_count, tr.steps_done = 0, 0
-        tr.compute_closed = tr.in_sync = False
         tr.checks = tr.live = None
         tr._orig_sync, tr._orig_step = self._horovod_sync, self._horovod_step
         tr._learn = lambda key, arg, out: tr.meta.__setitem__(key, (["p"], [4], [1]))

@@ -53,13 +53,9 @@ def _tracer(model: torch.nn.Module) -> Tracer:
     tr.now, tr.read, tr.rec = (lambda: next(ticks)), (lambda: ("c", next(reads))), FakeRec()
     tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, 0, False, True
     tr._grad_enabled = torch.is_grad_enabled
-    tr.meta, tr.rows, tr.enqueued, tr.done, tr.done_rows = {}, [], [], [], []
-    tr.poll_idx = tr.grad_mark = 0
+    tr.meta, tr.rows, tr.done_rows, tr.steps_done = {}, [], [], 0
+    tr._clear_step()
     tr.step_start, tr.step_cpu = tr.now(), tr.read()
-    tr.fwd_start = tr.fwd_cpu = tr.bwd_start = tr.bwd_cpu = None
-    tr.sync_exit = tr.sync_cpu = tr.last_grad = None
-    tr.fwd_count, tr.steps_done = 0, 0
-    tr.compute_closed = tr.in_sync = False
     tr.checks = tr.live = None
     tr._hooks = []
     hooks = tr.hooks()

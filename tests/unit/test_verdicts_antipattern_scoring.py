@@ -5,22 +5,13 @@ named slow beside it is wrong, and the same finding on a clean job is a false al
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def vb():
-    spec = importlib.util.spec_from_file_location("verdicts_ap", ROOT / "bench" / "verdicts.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["verdicts_ap"] = mod  # dataclasses look the module up
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("verdicts")
 
 
 def _f(kind: str, data: dict, severity: str = "warning") -> dict:

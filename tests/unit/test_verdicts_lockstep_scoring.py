@@ -5,22 +5,13 @@ rank or step is wrong, nothing is missed, and a lockstep warning on a clean job 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def vb():
-    spec = importlib.util.spec_from_file_location("verdicts", ROOT / "bench" / "verdicts.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["verdicts"] = mod  # dataclasses look the module up
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("verdicts")
 
 
 def _rep(*breaks: dict, live: tuple = ()) -> dict:
