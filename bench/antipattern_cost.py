@@ -181,6 +181,7 @@ def measure_plain_steps(steps: int, threads: int) -> dict[str, float]:
         tr.rec, tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = rec, 0, 0, False, False
         tr._grad_enabled = torch.is_grad_enabled
         tr.meta, tr.rows, tr.done_rows, tr.steps_done = {}, [], [], 0
+        tr._sample_counters(0)
         tr._clear_step()
         tr.step_start = tr.step_cpu = time.monotonic_ns()
         tr.checks = tr.live = None

@@ -103,6 +103,7 @@ def write_synth_run(
     row_group_rows: int | None = None,
     slow_cause: str = "work",
     runq_frac: float = 0.0,
+    counters_every: int = 1,
 ) -> int:
     """Write the run into ``out_dir``; return the number of spans written.
 
@@ -114,6 +115,8 @@ def write_synth_run(
     ``runq_ns`` columns: CPU time (``work``), run-queue wait (``contention``) or neither
     (``blocked``). Every other phase is CPU work, except ``runq_frac`` of it spent waiting for
     a CPU on every rank (an oversubscribed host); the wait phase spends 5 % on a CPU.
+    ``counters_every``: the counters are read on the steps it divides only (short steps, see
+    ``$HVTRACE_COUNTERS_MS``); the other steps' spans have null ``cpu_ns``/``runq_ns``.
     """
     if slow_phase not in PHASES:
         raise ValueError(f"slow_phase must be one of {PHASES}")
@@ -208,6 +211,7 @@ def write_synth_run(
             cpu[:, :, col] -= slow[None, :]
         cpu[:, :, j + 2] = cpu[:, :, [0, 1, 2, j, j + 1]].sum(axis=2)
         step_col = np.repeat(np.arange(b0, b0 + nb, dtype=np.int32), per_step)
+        unread = ~(np.tile(measured, nb) & (step_col % counters_every == 0))
         value = np.full((nb, per_step), np.nan)
         last = b0 + nb >= steps
         for r in range(ranks):
@@ -228,8 +232,8 @@ def write_synth_run(
                     ),
                     pa.array(value.ravel()),
                     pa.array(np.tile(flags_row, nb)),
-                    pa.array(cpu[:, r, :].ravel(), mask=~np.tile(measured, nb)),
-                    pa.array(runq[:, r, :].ravel(), mask=~np.tile(measured, nb)),
+                    pa.array(cpu[:, r, :].ravel(), mask=unread),
+                    pa.array(runq[:, r, :].ravel(), mask=unread),
                 ],
                 schema=FILE_SCHEMA,
             )

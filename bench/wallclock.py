@@ -13,7 +13,9 @@ untraced baseline moves by 2x between hours) moves every mode alike:
   (``HVTRACE_LIVE_EVERY=0``), ``writer-60s`` (``HVTRACE_FLUSH_S=60``: the writer thread wakes
   once a minute, not twice a second), ``no-consistency`` (``HVTRACE_CONSISTENCY_EVERY=0``),
   ``stall-1d`` (``HVTRACE_STALL_S=86400``; the stall watchdog has no thread: it runs in the
-  writer's flush, so this mode only shows that);
+  writer's flush, so this mode only shows that), and ``counters-every-step``
+  (``HVTRACE_COUNTERS_MS=0``: the CPU counters read on every step, where by default steps shorter
+  than 10 ms read them on one step in k);
 - ``floor``: all of them off together (what recording the spans costs; the writer's encoding
   is put off past the measured seconds, not saved); ``floor-no-poll`` (the same without looking
   at in-flight allreduces during the backward, ``HVTRACE_POLL_US=1000000``) and
@@ -246,6 +248,7 @@ MODES: dict[str, dict[str, str] | None] = {
     "writer-60s": {"HVTRACE_FLUSH_S": "60"},
     "no-consistency": {"HVTRACE_CONSISTENCY_EVERY": "0"},
     "stall-1d": {"HVTRACE_STALL_S": "86400"},
+    "counters-every-step": {"HVTRACE_COUNTERS_MS": "0"},
     "floor": {
         "HVTRACE_LIVE_EVERY": "0",
         "HVTRACE_FLUSH_S": "60",

@@ -71,11 +71,28 @@ POLL_US: Final = Setting(
     "µs between looks at the in-flight allreduces while gradients arrive (larger: cheaper, an "
     "allreduce that completes during the backward is dated later; 0: at every gradient)",
 )
+COUNTERS_MS: Final = Setting(
+    "HVTRACE_COUNTERS_MS",
+    20.0,
+    0.0,
+    1e6,
+    "ms between two steps whose CPU counters are read, at most: steps shorter than half of it "
+    "read them on one step in 2, 4, ... 64 (the same steps on every rank); 0: every step",
+)
 #: Every numeric setting, by environment variable (the on/off ones and ``HVTRACE_DIR`` are
 #: parsed below).
 SETTINGS: Final = {
     s.env: s
-    for s in (FLUSH_S, BUFFER_SPANS, STALL_S, CONSISTENCY_EVERY, LIVE_EVERY, LIVE_S, POLL_US)
+    for s in (
+        FLUSH_S,
+        BUFFER_SPANS,
+        STALL_S,
+        CONSISTENCY_EVERY,
+        LIVE_EVERY,
+        LIVE_S,
+        POLL_US,
+        COUNTERS_MS,
+    )
 }
 #: The on/off and path settings, with what each does (parsed by the functions below; the
 #: documentation's settings page is generated from this and :data:`SETTINGS`).
@@ -238,6 +255,17 @@ def poll_interval_ns(explicit: float | None = None) -> int:
     allreduce that completes during the backward is dated at the first gradient after it, the
     looks no closer together than this (at ``synchronize()`` when this is longer)."""
     return int(_value(POLL_US, explicit, float) * 1000)
+
+
+def counters_gap_ns(explicit: float | None = None) -> int:
+    """The most time (ns) between two steps whose training-thread CPU counters are read
+    (:mod:`hvtrace.record.cpustat`): ``explicit`` (ms), else ``$HVTRACE_COUNTERS_MS``, else 20 ms;
+    0 reads them on every step; bounded to 0..1000 s. A reading costs the training thread two
+    system calls, five a step: a point or so of a 3 ms step (``bench/wallclock.py``). Steps shorter
+    than half of this read them on one step in ``k`` (a power of two up to 64: the largest whose
+    ``k`` steps last no longer than this, reviewed every 64 steps), the steps whose number ``k``
+    divides, so that the ranks read them on the same steps."""
+    return int(_value(COUNTERS_MS, explicit, float) * 1_000_000)
 
 
 def native_hot_path() -> bool:

@@ -224,9 +224,17 @@ def own_time(duration: Any, runq: Any) -> Any:
     """A phase's *own* time: its duration less its run-queue wait (missing or negative wait:
     none), for numpy arrays or pandas Series alike. On a host short of CPU the wait is largely
     the other ranks' doing (the rank that is behind waits for a CPU while its peers spin in
-    Horovod's wait); what is left is the rank's CPU time and blocked time."""
+    Horovod's wait); what is left is the rank's CPU time and blocked time.
+
+    For a Series indexed by rank (and step): a rank whose wait was measured on some steps only
+    (short steps read the CPU counters on one step in k, ``$HVTRACE_COUNTERS_MS``) has no own
+    time (NaN) on its other steps, whose wait is unknown rather than none."""
     if isinstance(runq, pd.Series):
-        return duration - runq.fillna(0.0).clip(lower=0.0)
+        own = duration - runq.fillna(0.0).clip(lower=0.0)
+        if "rank" in runq.index.names and runq.isna().any():
+            measured = runq.notna().groupby(level="rank").transform("any")
+            own = own.where(runq.notna() | ~measured)
+        return own
     return duration - np.clip(np.nan_to_num(np.asarray(runq, np.float64), nan=0.0), 0.0, None)
 
 
@@ -654,7 +662,9 @@ def _episode(
         inside = (wide.index >= first) & (wide.index <= last)
         typical = float(np.nanmedian(mine[inside])) if inside.any() else float("nan")
         line = 0.5 * max(typical if np.isfinite(typical) else 0.0, 0.0)
-        score = np.where(np.isfinite(mine) & (mine > line), 1.0, -1.0)
+        # a step without an own time (its run-queue wait unread: short steps read the counters
+        # on one step in k) is no evidence either way
+        score = np.where(np.isfinite(mine), np.where(mine > line, 1.0, -1.0), 0.0)
         i0, i1 = _best_stretch(score)
         if int(wide.index[i0]) <= last and int(wide.index[i1]) >= first:
             first, last = int(wide.index[i0]), int(wide.index[i1])

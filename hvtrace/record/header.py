@@ -7,6 +7,7 @@ import socket
 import time
 from typing import Any
 
+from hvtrace import settings
 from hvtrace.clock import ClockEstimate
 from hvtrace.format.schema import FORMAT_NAME, FORMAT_VERSION
 from hvtrace.record.timers import monotonic_ns
@@ -55,6 +56,7 @@ def build_header(
         "timing": "cuda_events" if timer.is_cuda else "host_monotonic",
         "cpu_counters": counters,
         "cpu_derived_max_ns": counters_derived_max_ns,
+        "cpu_counters_gap_ns": settings.counters_gap_ns(),
         "torch_version": _version("torch"),
         "horovod_version": _version("horovod"),
         "hvtrace_version": _version("hvtrace"),

@@ -96,12 +96,22 @@ PHASES_FIELDS: tuple[str, ...] = (
     "poll_idx",
     "grad_mark",
     "steps_done",
+    "counter_every",  # CPU counters on the steps whose number this divides (a power of two)
+    "counter_gap_ns",  # the most time between two steps that read them (0: every step)
+    "counter_mark_ns",  # host ns at counter_every's last review
     # flags (C: bool; False until set)
     "compute_closed",
     "in_sync",
     "is_cuda",
     "has_model",
+    "counters_off",  # the current step reads no CPU counters (its readings are None)
 )
+
+
+#: Steps between two reviews of how often the CPU counters are read, and the most steps between
+#: two readings (C twins: ``COUNTER_REVIEW_STEPS``, ``COUNTER_MAX_EVERY`` in ``_hot/phases.c``).
+COUNTER_REVIEW_STEPS = 64
+COUNTER_MAX_EVERY = 64
 
 
 class Phases:
@@ -164,7 +174,13 @@ class TracerHooks(PhasesBase):
         self.fwd_start = self.fwd_cpu = self.bwd_start = self.bwd_cpu = None
         self.sync_exit = self.sync_cpu = self.last_grad = None
         self.fwd_count = 0
-        self.compute_closed = self.in_sync = False
+        self.compute_closed = self.in_sync = self.counters_off = False
+
+    def _sample_counters(self, gap_ns: int) -> None:
+        """Read the CPU counters on every step until the first reviews, then on one step in
+        ``counter_every`` where steps are shorter than half of ``gap_ns`` (0: every step; see
+        :meth:`_next_counters_off`). Set when the tracer is made."""
+        self.counter_gap_ns, self.counter_every, self.counter_mark_ns = gap_ns, 1, 0
 
     # -- _hot/enqueue.c: per allreduce -------------------------------------------------------------
     # C twin: Enqueue (its vectorcall, note)
@@ -234,7 +250,7 @@ class TracerHooks(PhasesBase):
                 if not self._grad_enabled():
                     self.fwd_start = None  # evaluation: no step phase
                     return
-                t, c = self.now(), self.read()
+                t, c = self.now(), self._read()
                 if self.fwd_count == 0:
                     self._span(K_INPUT, "input", self.step_start, t, self.step_cpu, c, self.flags)
                 else:  # another micro-step (backward_passes_per_step, or several forwards)
@@ -249,7 +265,7 @@ class TracerHooks(PhasesBase):
     def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
         if self.rec.enabled and self.fwd_start is not None:
             try:
-                t, c = self.now(), self.read()
+                t, c = self.now(), self._read()
                 self._span(K_FORWARD, "forward", self.fwd_start, t, self.fwd_cpu, c, self.flags)
                 self.bwd_cpu, self.fwd_start = c, None  # backward's counters start here
                 self.fwd_count += 1
@@ -276,7 +292,7 @@ class TracerHooks(PhasesBase):
         if not self.rec.enabled:
             return self._orig_sync()
         try:
-            t0, c0 = monotonic_ns(), self.read()
+            t0, c0 = monotonic_ns(), self._read()
             self._close_compute(self.now() if self.is_cuda else t0, c0)
             # (no poll here: Horovod now waits for each handle in order, and hvdpatch notes
             # when each wait returns, as a poll would, oldest first, a few µs apart)
@@ -289,7 +305,7 @@ class TracerHooks(PhasesBase):
         finally:
             self.in_sync, hvdpatch.observer = False, None
         try:
-            t1, c1 = monotonic_ns(), self.read()
+            t1, c1 = monotonic_ns(), self._read()
             end = self.now() if self.is_cuda else t1
             self._span(K_WAIT, "synchronize", t0, t1, c0, c1, 0)
             self.sync_exit, self.sync_cpu = end, c1
@@ -310,7 +326,7 @@ class TracerHooks(PhasesBase):
         if self.checks is not None:  # learning rates; every N steps the weights (no raise)
             self.checks.on_step(self.rec.step)
         try:  # synchronize() already ran (the skip pattern): the update's counters start here
-            ts, cs = self.now(), (self.read() if self.compute_closed else None)
+            ts, cs = self.now(), (self._read() if self.compute_closed else None)
             self.sync_exit = None  # set again if Horovod's step() synchronizes
         except Exception as exc:  # noqa: BLE001
             ts = cs = None
@@ -329,7 +345,7 @@ class TracerHooks(PhasesBase):
                 self.fail(exc)
         if self._count_step():
             try:
-                self.step_start, self.step_cpu = self.now(), self.read()
+                self.step_start, self.step_cpu = self.now(), self._read()
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
 
@@ -337,7 +353,10 @@ class TracerHooks(PhasesBase):
     # C twin: ph_end_step
     def _end_step(self, ts: Any, cs: Any) -> None:
         """Close the update and the step (the optimizer's update ran from ``ts``)."""
-        te, c = self.now(), self.read()
+        te = self.now()
+        # the reading that ends this step and begins the next: taken if either reads counters
+        next_off = self._next_counters_off()
+        c = None if self.counters_off and next_off else self.read()
         if not self.compute_closed:  # step without synchronize (skip pattern, Adasum)
             self._close_compute(ts, None)
         if self.sync_exit is not None:  # the update ran from synchronize's exit
@@ -351,8 +370,37 @@ class TracerHooks(PhasesBase):
         rec.micro = self.fwd_count = 0
         rec.between_steps = True
         self.step_start, self.step_cpu = te, c
+        self.counters_off = next_off
         self.compute_closed = False
         self.bwd_start = self.last_grad = None
+
+    # C twin: ph_read
+    def _read(self) -> Any:
+        """A counter reading, or None on a step that reads none (``counters_off``)."""
+        return None if self.counters_off else self.read()
+
+    # C twin: ph_next_counters_off
+    def _next_counters_off(self) -> bool:
+        """Whether the next step (number ``steps_done + 1``) reads no CPU counters. Every
+        :data:`COUNTER_REVIEW_STEPS` steps, ``counter_every`` becomes the largest power of two (at
+        most :data:`COUNTER_MAX_EVERY`) whose steps, at the mean step since the last review, last
+        no longer than ``counter_gap_ns``; a step reads them when its number is a multiple of it:
+        the same steps on every rank (a rank that chose a smaller power reads them on those and
+        more). Two system calls a reading, five readings a step: a point or so of a 3 ms step."""
+        n = self.steps_done + 1
+        gap = self.counter_gap_ns
+        if gap <= 0:
+            self.counter_every = 1
+            return False
+        if n % COUNTER_REVIEW_STEPS == 0:
+            now = monotonic_ns()
+            if self.counter_mark_ns > 0:
+                period, k = (now - self.counter_mark_ns) // COUNTER_REVIEW_STEPS, 1
+                while period > 0 and k < COUNTER_MAX_EVERY and 2 * k * period <= gap:
+                    k *= 2
+                self.counter_every = k
+            self.counter_mark_ns = now
+        return self.counter_every > 1 and n % self.counter_every != 0
 
     # C twin: ph_grad_end
     def _grad_end(self, t: Any) -> Any:

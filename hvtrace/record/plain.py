@@ -91,7 +91,7 @@ class PlainSteps:
         if tr.checks is not None:
             tr.checks.on_step(tr.rec.step)  # never raises
         try:
-            self.ts, self.cs = tr.now(), (tr.read() if tr.compute_closed else None)
+            self.ts, self.cs = tr.now(), (tr._read() if tr.compute_closed else None)
             tr.sync_exit = None
         except Exception as exc:  # noqa: BLE001 - never into training
             self.ts = None

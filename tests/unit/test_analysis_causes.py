@@ -57,6 +57,31 @@ def test_the_injected_cause_is_named_with_its_share(tmp_path: Path, phase: str, 
     assert cause_line(row).startswith(f"rank 2: {phase} +")
 
 
+@pytest.mark.parametrize("cause", ["work", "contention", "blocked"])
+def test_counters_read_on_one_step_in_8_name_the_same_cause(tmp_path: Path, cause: str) -> None:
+    """Short steps read the CPU counters on one step in k (``$HVTRACE_COUNTERS_MS``): the other
+    steps' spans have none. The cause and its share come from the steps that were measured; the
+    others' run-queue wait is unknown, not none (a contended rank's own time is not taken from
+    them)."""
+    run = _synth(tmp_path, steps=64, slow_phase="backward", slow_cause=cause, counters_every=8)
+    a = analyze(open_run(run))
+    s = a.stragglers
+    assert list(s["rank"]) == [2], a.verdicts.to_string()
+    row = s.iloc[0]
+    assert row["phase"] == "backward" and row["cause"] == cause
+    assert row[f"{cause}_ms"] == pytest.approx(8.0, abs=0.5)
+    for other in {"work", "contention", "blocked"} - {cause}:
+        assert abs(row[f"{other}_ms"]) < 0.5
+
+
+def test_an_oversubscribed_run_read_on_one_step_in_8_names_no_rank(tmp_path: Path) -> None:
+    a = analyze(open_run(_synth(tmp_path, steps=64, slow_rank=-1, runq_frac=0.3,
+                                counters_every=8)))  # fmt: skip
+    assert a.stragglers.empty, a.verdicts.to_string()
+    f = [f for f in a.findings if f.kind == "contention"]
+    assert len(f) == 1 and f[0].data["work_share"] == pytest.approx(0.3, abs=0.06)
+
+
 def test_contention_line_names_the_host(tmp_path: Path) -> None:
     a = analyze(open_run(_synth(tmp_path, slow_phase="backward", slow_cause="contention")))
     line = cause_line(a.stragglers.iloc[0])

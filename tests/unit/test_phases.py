@@ -61,6 +61,7 @@ class Job:
         fail_read_at: int | None = None,
         cuda: bool = False,
         checks_every: int | None = None,
+        counters_gap_ns: int = 0,
     ) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Linear(3, 2)
@@ -85,6 +86,7 @@ class Job:
         tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, FLAG_END_UPPER_BOUND, cuda, model
         tr._grad_enabled = torch.is_grad_enabled
         tr.meta, tr.rows, tr.done_rows, tr.steps_done = {}, [], [], 0
+        tr._sample_counters(counters_gap_ns)
         tr._clear_step()
         tr.poll_interval_ns, tr._poll = 0, (lambda h: 0)  # nothing completes before the wait
         tr.step_start, tr.step_cpu = tr.now(), tr.read()
@@ -236,6 +238,48 @@ def test_the_compiled_hooks_are_installed_unless_native_is_off(monkeypatch) -> N
 def test_both_forms_record_the_same(both, name) -> None:
     compiled, python = both(name)
     assert compiled == python
+
+
+def test_short_steps_read_the_counters_on_the_steps_a_power_of_two_divides(monkeypatch) -> None:
+    """With steps much shorter than ``counter_gap_ns``, both forms read the counters on every
+    step until the second review (step 128), then on one step in 64 (the steps whose number 64
+    divides: the same on every rank); a step between them has no span with both readings and
+    makes no reading but those that border a reading step. Both record the same."""
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    res = {}
+    for form in ("1", "0"):
+        monkeypatch.setenv("HVTRACE_NATIVE", form)
+        job = Job(counters_gap_ns=10**15)
+        reads = []
+        read = job.tr.read
+
+        def counted(read: Any = read, reads: list = reads, rec: Any = job.tr.rec) -> Any:
+            reads.append(rec.step)
+            return read()
+
+        job.tr.read = counted
+        for _ in range(260):
+            job.forward_backward()
+            job.step()
+        read_steps = {
+            i
+            for i, step in enumerate(job.tr.rec.entries)
+            if all(e[10] is not None and e[11] is not None for e in step if type(e) is tuple)
+        }
+        assert read_steps == set(range(129)) | {192, 256}, form
+        assert job.tr.counter_every == 64
+        # between reading steps: only the step end before a reading step reads (its start)
+        assert [s for s in reads if s > 128 and s % 64] == [191, 255], form
+        res[form] = _transcript(job)
+    assert res["1"] == res["0"]
+
+
+def test_a_counter_gap_of_0_reads_them_on_every_step(both) -> None:
+    compiled, _ = both("plain")  # (Job's default: counters_gap_ns=0)
+    for step in compiled["transcript"]["entries"]:
+        spans = [e for e in step if e[0] != "Allreduces"]
+        assert spans and all(e[10] is not None and e[11] is not None for e in spans)
 
 
 def _kinds(entries: list) -> list[list[str]]:

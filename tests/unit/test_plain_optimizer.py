@@ -54,6 +54,7 @@ def _tracer(model: torch.nn.Module) -> Tracer:
     tr.flags, tr.ar_flags, tr.is_cuda, tr.has_model = 0, 0, False, True
     tr._grad_enabled = torch.is_grad_enabled
     tr.meta, tr.rows, tr.done_rows, tr.steps_done = {}, [], [], 0
+    tr._sample_counters(0)
     tr._clear_step()
     tr.step_start, tr.step_cpu = tr.now(), tr.read()
     tr.checks = tr.live = None

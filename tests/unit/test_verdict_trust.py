@@ -91,6 +91,31 @@ def test_contention_for_a_stretch_is_the_hosts_not_a_ranks() -> None:
     assert straggler_episodes(st, None, {0: "h", 1: "h"}).empty
 
 
+def test_counters_on_one_step_in_8_give_the_verdict_of_counters_on_every_step() -> None:
+    """A rank that waits 15 ms for a CPU in every backward (its host short of CPU): with the
+    counters on every step its own time shows no excess (the wait is contention); read on one
+    step in 8 (short steps, ``$HVTRACE_COUNTERS_MS``) the other steps' wait is unknown, and must
+    not count as its own time (before: "backward +14.7 ms in 89% of steps")."""
+    st = step_table(synth_spans(ranks=2, steps=200, noise=0.05, seed=1))
+    for p in ("input", "forward", "backward", "update", "wait", "step"):
+        st[f"{p}_cpu_ns"] = st[f"{p}_ns"].astype(float)
+        st[f"{p}_runq_ns"] = 0.0
+    one = st["rank"] == 1
+    st.loc[one, "backward_ns"] += 15 * MS
+    st.loc[one, "backward_runq_ns"] += 15 * MS
+    st.loc[one, "lateness_ns"] = 15 * MS
+    st["is_last"] = one
+    verdicts = {}
+    for k in (1, 8):
+        sampled = st.copy()
+        for c in [c for c in st.columns if c.endswith(("_cpu_ns", "_runq_ns"))]:
+            sampled.loc[sampled["step"] % k != 0, c] = np.nan
+        t = straggler_table(sampled, None, {0: "h", 1: "h"}).set_index("rank")
+        verdicts[k] = t[["named", "phase", "cause", "reason"]].to_dict("index")
+    assert verdicts[8] == verdicts[1]
+    assert verdicts[8][1]["cause"] == "contention" and "backward +" not in verdicts[8][1]["reason"]
+
+
 def _synth_rank0_input(extra_ms: np.ndarray, seed: int = 0, n: int = 120) -> SimpleNamespace:
     """What _rank0_blocking reads: a 2-rank step table whose rank 0 input gap is 2 ms plus
     ``extra_ms[step]`` (rank 1: 2 ms), each with 0.6 ms of noise."""

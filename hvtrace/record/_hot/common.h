@@ -35,7 +35,11 @@ static inline long long mono_ns(void) {
  * the compiled hooks use directly (phases.c, lr_rows.c; enqueue.c and wait.c: the allreduces in
  * flight). Objects are never NULL after tp_new (None); ``del`` makes one NULL, read as None.
  * Their Python names are declared once, hvtrace.record.hot.PHASES_FIELDS: a field added here must
- * be added there and to Phases_members (tests/unit/test_hot_fields.py checks that they agree). */
+ * be added there and to Phases_members (tests/unit/test_hot_fields.py checks that they agree).
+ * The CPU counters' sampling (phases.c, ph_next_counters_off): read on the steps whose number
+ * counter_every divides (counters_off: not this one); counter_every is reviewed every
+ * COUNTER_REVIEW_STEPS steps against counter_gap_ns (0: every step) from counter_mark_ns (host
+ * ns at the last review). */
 typedef struct {
     PyObject_HEAD
     PyObject *rec, *now, *read, *grad_enabled, *orig_sync, *orig_step, *checks, *live;
@@ -45,7 +49,8 @@ typedef struct {
     PyObject *rows, *done_rows, *enqueued, *done, *meta;
     Py_ssize_t fwd_count, poll_idx, grad_mark;
     long long steps_done;
-    char compute_closed, in_sync, is_cuda, has_model;
+    long long counter_every, counter_gap_ns, counter_mark_ns;
+    char compute_closed, in_sync, is_cuda, has_model, counters_off;
 } Phases;
 
 static PyTypeObject PhasesType;

@@ -19,7 +19,7 @@ static inline PyObject *ph_now(Phases *s) {
     return PyObject_CallNoArgs(s->now);
 }
 
-static inline PyObject *ph_read(Phases *s) {
+static inline PyObject *ph_read_now(Phases *s) {
     if (s->read != NULL && Py_IS_TYPE(s->read, &ThreadReaderType))
         return reader_read((ThreadReader *)s->read);
     if (s->read == NULL) {
@@ -27,6 +27,40 @@ static inline PyObject *ph_read(Phases *s) {
         return NULL;
     }
     return PyObject_CallNoArgs(s->read);
+}
+
+/* _read: a counter reading, or None on a step that reads none (counters_off). */
+static inline PyObject *ph_read(Phases *s) {
+    if (s->counters_off) return Py_NewRef(Py_None);
+    return ph_read_now(s);
+}
+
+/* Steps between two reviews of counter_every (a power of two), and its largest value. */
+#define COUNTER_REVIEW_STEPS 64
+#define COUNTER_MAX_EVERY 64
+
+/* _next_counters_off: whether the next step (number steps_done + 1) reads no CPU counters. Every
+ * COUNTER_REVIEW_STEPS steps, counter_every becomes the largest power of two (at most
+ * COUNTER_MAX_EVERY) whose steps, at the mean step of the last review period, last no longer than
+ * counter_gap_ns; a step reads them when its number is a multiple of it: the same steps on every
+ * rank (a rank that chose a smaller power reads them on those steps and more). */
+static char ph_next_counters_off(Phases *s) {
+    long long n = s->steps_done + 1;
+    if (s->counter_gap_ns <= 0) {
+        s->counter_every = 1;
+        return 0;
+    }
+    if (n % COUNTER_REVIEW_STEPS == 0) {
+        long long now = mono_ns();
+        if (s->counter_mark_ns > 0) {
+            long long period = (now - s->counter_mark_ns) / COUNTER_REVIEW_STEPS, k = 1;
+            while (period > 0 && k < COUNTER_MAX_EVERY && 2 * k * period <= s->counter_gap_ns)
+                k *= 2;
+            s->counter_every = k;
+        }
+        s->counter_mark_ns = now;
+    }
+    return s->counter_every > 1 && n % s->counter_every != 0;
 }
 
 static inline int rec_enabled(Phases *s) {
@@ -281,7 +315,10 @@ pre_error:
 static int ph_end_step(Phases *s, PyObject *ts, PyObject *cs) {
     PyObject *te = NULL, *c = NULL, *us = NULL, *uc = NULL, *rows = NULL, *fresh = NULL;
     int rc = -1;
-    if ((te = ph_now(s)) == NULL || (c = ph_read(s)) == NULL) goto out;
+    if ((te = ph_now(s)) == NULL) goto out;
+    /* the reading that ends this step and begins the next: taken if either reads counters */
+    char next_off = ph_next_counters_off(s);
+    if ((c = s->counters_off && next_off ? Py_NewRef(Py_None) : ph_read_now(s)) == NULL) goto out;
     if (!s->compute_closed && ph_close_compute(s, ts, Py_None) < 0) goto out;
     if (!IS_NONE(s->sync_exit)) { /* the update ran from synchronize's exit */
         us = Py_NewRef(s->sync_exit);
@@ -318,6 +355,7 @@ static int ph_end_step(Phases *s, PyObject *ts, PyObject *cs) {
     if (PyObject_SetAttr(OR_NONE(s->rec), s_between_steps, Py_True) < 0) goto out;
     Py_XSETREF(s->step_start, Py_NewRef(te));
     Py_XSETREF(s->step_cpu, Py_NewRef(c));
+    s->counters_off = next_off;
     s->compute_closed = 0;
     SET_NONE(s->bwd_start);
     SET_NONE(s->last_grad);
@@ -494,10 +532,14 @@ static PyMemberDef Phases_members[] = {
     {"poll_idx", T_PYSSIZET, offsetof(Phases, poll_idx), 0, NULL},
     {"grad_mark", T_PYSSIZET, offsetof(Phases, grad_mark), 0, NULL},
     {"steps_done", T_LONGLONG, offsetof(Phases, steps_done), 0, NULL},
+    {"counter_every", T_LONGLONG, offsetof(Phases, counter_every), 0, NULL},
+    {"counter_gap_ns", T_LONGLONG, offsetof(Phases, counter_gap_ns), 0, NULL},
+    {"counter_mark_ns", T_LONGLONG, offsetof(Phases, counter_mark_ns), 0, NULL},
     {"compute_closed", T_BOOL, offsetof(Phases, compute_closed), 0, NULL},
     {"in_sync", T_BOOL, offsetof(Phases, in_sync), 0, NULL},
     {"is_cuda", T_BOOL, offsetof(Phases, is_cuda), 0, NULL},
     {"has_model", T_BOOL, offsetof(Phases, has_model), 0, NULL},
+    {"counters_off", T_BOOL, offsetof(Phases, counters_off), 0, NULL},
     {NULL},
 };
 #undef OBJ_MEMBER
