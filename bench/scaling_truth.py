@@ -187,6 +187,8 @@ def round_result(pred_doc: dict[str, Any], meas_doc: dict[str, Any]) -> dict[str
         "busbw4": r4["busbw_gbps"],
         "change": {p: (r4.get(p) or 0.0) - (r2.get(p) or 0.0) for p in LOSS_PARTS},
         "assumptions": pred_doc["assumptions"],
+        "model": pred.get("model"),
+        "notes": pred_doc.get("notes") or [],
     }
     res["error"] = (res["pred4"] - res["step4"]) / res["step4"]
     return res
@@ -314,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nAssumptions (hvtrace scaling's own):")
     for a in results[-1]["assumptions"]:
         print(f"- {a}")
+    for i, res in enumerate(results, 1):  # the model each round's prediction used, and why
+        print(f"round {i}: model {res.get('model')}; " + "; ".join(res.get("notes") or []))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0

@@ -26,6 +26,7 @@ from dash import html as H
 from hvtrace_dashboard.figures import empty_figure, esc, one_page_app
 
 from hvtrace.analysis.scaling import LOSS_LABELS, LOSS_PARTS, Scaling
+from hvtrace.export.scaling import fit_text
 from hvtrace.units import printable
 
 log = logging.getLogger("hvtrace.dashboard")
@@ -115,11 +116,18 @@ def efficiency_figure(s: Scaling) -> go.Figure:
             line={"color": _PREDICTED, "dash": "dash", "width": 2},
             hoverinfo="skip",
         )
+        latency = p.get("model") == "latency"
+        how = (
+            f"the fitted message cost, {_f(p.get('exposed_growth_ms'), '+.2f')} ms of it exposed"
+            if latency
+            else "a ring's bytes alone, all of it exposed"
+        )
         fig.add_scatter(
             x=[int(p["size"])],
             y=[float(p["efficiency"])],
             mode="markers+text",
-            name=f"predicted at {int(p['size'])} ranks (an upper bound of the loss)",
+            name=f"predicted at {int(p['size'])} ranks"
+            + ("" if latency else " (an upper bound of the loss)"),
             legendgroup="predicted",
             marker={
                 "size": 13,
@@ -129,10 +137,10 @@ def efficiency_figure(s: Scaling) -> go.Figure:
             },
             text=[f"{_f(p['efficiency'], '.0%')} (predicted)"],
             textposition="bottom center",
-            customdata=[[_f(p["step_ms"]), _f(p["comm_growth_ms"], "+.2f")]],
+            customdata=[[_f(p["step_ms"]), _f(p["comm_growth_ms"], "+.2f"), esc(how)]],
             hovertemplate="%{x} ranks (predicted): efficiency %{y:.1%}<br>step about "
-            "%{customdata[0]} ms (%{customdata[1]} ms of allreduce per step)<br>see the "
-            "assumptions below the chart<extra>predicted</extra>",
+            "%{customdata[0]} ms (%{customdata[1]} ms of allreduce per step: "
+            "%{customdata[2]})<br>see the assumptions below the chart<extra>predicted</extra>",
         )
     top = max([1.0, *[float(v) for v in t["efficiency"] if math.isfinite(float(v))]])
     fig.update_layout(
@@ -208,12 +216,26 @@ def prediction_lines(s: Scaling) -> list[str]:
             "No prediction for the next size: it needs the allreduce time of the largest run "
             "(a run of two ranks or more)."
         ]
-    return [
+    latency = p.get("model") == "latency"
+    how = (
+        f"{_f(p.get('exposed_growth_ms'), '+.2f')} ms of it exposed"
+        if latency
+        else "all of it exposed: a ring's bytes alone, no per-message latency"
+    )
+    bound = (
+        "under the assumptions below"
+        if latency
+        else "an upper bound of the loss under the assumptions below"
+    )
+    out = [
         f"At {int(p['size'])} ranks (predicted): a step of about {_f(p['step_ms'])} ms, "
         f"efficiency {_f(p['efficiency'], '.0%')} ({_f(p['comm_growth_ms'], '+.2f')} ms of "
-        "allreduce per step). This is a prediction, not a measurement: an upper bound of the "
-        "loss under the assumptions below."
+        f"allreduce per step, {how}). This is a prediction, not a measurement: {bound}."
     ]
+    fit = fit_text(p)
+    if fit:
+        out.append(fit[0].upper() + fit[1:] + ".")
+    return out
 
 
 def _table(s: Scaling, hosts: Sequence[Sequence[str]] | None) -> Any:

@@ -270,8 +270,9 @@ def _add_scaling(sub: argparse._SubParsersAction) -> None:
         "ranks, the same batch per rank): each run's efficiency against the smallest, the time "
         "lost per step in parts that add up (exposed communication, waiting for the last rank, "
         "compute by cause, input, update, other), and the step predicted at twice the largest "
-        "size, with its assumptions. The same as a page: hvtrace dashboard RUN --scaling "
-        "RUN...",
+        "size from a per-message latency and bus bandwidth fitted to the runs' allreduces "
+        "(a ring's bytes alone where the fit cannot be trusted), with its assumptions. The same "
+        "as a page: hvtrace dashboard RUN --scaling RUN...",
     )
     p.add_argument("runs", metavar="RUN", nargs="+", help="run directories (two or more)")
     _add_compare_options(p, "every run")

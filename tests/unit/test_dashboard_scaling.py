@@ -184,3 +184,20 @@ def test_serve_scaling_opens_the_runs_and_serves_their_page(monkeypatch, capsys)
     assert list(measured.x) == [2, 4]
     loss = _by_id(page, "scl-loss").figure
     assert next(d for d in loss.data if d.name == "waiting for the last rank").y[0] > 0
+
+
+def test_a_fitted_prediction_is_drawn_with_its_latency_and_bandwidth() -> None:
+    """Runs whose messages come in several sizes: the page says the fitted latency and bus
+    bandwidth (the numbers hvtrace scaling computed) and no longer calls it an upper bound."""
+    from test_scaling import ring_spans
+
+    analyses = [analyze_spans(ring_spans(n, seed=n, steps=20), run_id=f"np{n}") for n in (1, 2, 4)]
+    s = scaling(analyses)
+    p = s.prediction
+    assert p["model"] == "latency"
+    said = "\n".join(layout_texts(_by_id(scaling_layout(s), "scl-prediction").to_plotly_json()))
+    assert f"{p['step_ms']:.2f} ms" in said and "not a measurement" in said
+    assert f"{p['latency_us']:.1f} µs per ring transfer step" in said
+    assert f"{p['busbw_gbps']:.3g} GB/s" in said and "upper bound" not in said
+    point = next(d for d in efficiency_figure(s).data if (d.name or "").startswith("predicted at"))
+    assert point.name == "predicted at 8 ranks" and point.y[0] == pytest.approx(p["efficiency"])
