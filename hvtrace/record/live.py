@@ -282,6 +282,11 @@ GATHER_WAIT_S: Final = 0.2
 #: completes once every rank issued it, at the same step: a rank that closes first waits for the
 #: others' last step at most, or gives up).
 CLOSE_WAIT_S: Final = 0.5
+#: At the job's end (:meth:`LiveMonitor.drain`), how long rank 0 waits at most for the judge to
+#: answer the windows already handed to it: its first answer takes the judge process's start
+#: (pandas' import, seconds at the lowest priority), so a job of a few seconds would otherwise end
+#: before any verdict, live or in its file.
+DRAIN_WAIT_S: Final = 10.0
 
 
 def _release(mpi_ops: Any, handle: Any) -> bool:
@@ -368,6 +373,7 @@ class LiveMonitor:
         #: Rank 0: the windows waiting for the judge thread (None: not started), and how many
         #: it skipped, falling behind (see :data:`JUDGE_BACKLOG`).
         self._judge_q: queue.Queue | None = None
+        self._judge_thread: threading.Thread | None = None
         self.judge_skipped = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         #: The live thread takes nothing more (closed, or failed on this rank).
@@ -541,6 +547,16 @@ class LiveMonitor:
         self._closed = True
         self._stopped = True
         self._q.put(None)
+
+    def drain(self, timeout_s: float = DRAIN_WAIT_S) -> None:
+        """After :meth:`close`, at the job's end: wait (``timeout_s`` at most, in all) for the
+        live thread to end and for the judge to answer the windows already handed to it, so that
+        their verdicts are logged and written into this rank's file before it closes. Not at an
+        elastic reset: training goes on there."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        for t in (self._thread, self._judge_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(max(deadline - time.monotonic(), 0.0))
 
     def before_join(self) -> None:
         """Training thread, as this rank calls ``hvd.join()``: read the last exchange's presence
@@ -733,9 +749,10 @@ class LiveMonitor:
     def _start_judge_thread(self) -> queue.Queue:
         """The judge thread ("hvtrace-judge") and its queue."""
         q = self._judge_q = queue.Queue(JUDGE_BACKLOG)
-        threading.Thread(
+        self._judge_thread = threading.Thread(
             target=self._judge_loop, args=(q,), name="hvtrace-judge", daemon=True
-        ).start()
+        )
+        self._judge_thread.start()
         return q
 
     def _hand_to_judge(self, gathered: np.ndarray, size: int) -> None:

@@ -447,6 +447,7 @@ class Tracer(TracerHooks):
             self._flush_rows()
         if self.live is not None:
             self.live.close()
+            self.live.drain()  # the verdicts on the last windows, into the log and the file
         self.rec.close()
         collectives.release(self)
 

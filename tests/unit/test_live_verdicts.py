@@ -493,6 +493,31 @@ def test_rank_0_judges_on_a_thread_of_its_own_in_order(monkeypatch) -> None:
     assert judged == [(20, 2, True), (40, 2, True), (60, 2, True)] and closed == [True]
 
 
+def test_drain_waits_for_the_windows_handed_to_the_judge_and_no_longer(monkeypatch) -> None:
+    """At the job's end rank 0 waits for the judge's answers to the windows already handed to it
+    (a job of a few seconds ends before the judge process has started), within the time given."""
+    import time
+
+    mon = _monitor(monkeypatch, 20, 0)
+    mon._judge_q, mon._judge_proc, mon._thread = None, None, None
+    judged = []
+
+    def judge(gathered, size):
+        time.sleep(0.3)
+        judged.append(int(gathered[0, 0]))
+
+    monkeypatch.setattr(mon, "_judge", judge)
+    monkeypatch.setattr(mon, "_close_judge_proc", lambda: None)
+    for first in (20, 40):
+        mon._hand_to_judge(_window(0.0, first), 2)
+    live.LiveMonitor._stop_judge(mon)  # what the live thread's end does at close
+    t0 = time.monotonic()
+    mon.drain(0.05)  # bounded: returns before the judge is done
+    assert time.monotonic() - t0 < 0.25 and judged == []
+    mon.drain(10)
+    assert judged == [20, 40] and not mon._judge_thread.is_alive()
+
+
 def test_a_judge_that_falls_behind_judges_the_newest_windows(monkeypatch) -> None:
     """At most JUDGE_BACKLOG windows wait for the judge thread (gathered windows of hundreds of
     ranks are megabytes each, and a late verdict is worth little): a newer one pushes the
