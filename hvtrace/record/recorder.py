@@ -106,7 +106,7 @@ class Recorder:
             self.fail(f"cannot write trace file {self.path}: {exc}")
             return
         self.enabled = True
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
         _install_signal_handlers(self)
@@ -239,6 +239,21 @@ class Recorder:
         """Write what is buffered now (normally the writer thread does this on its own)."""
         if self.writer is not None and os.getpid() == self._pid:
             self.writer.flush(final=False)
+
+    def _close_at_exit(self) -> None:
+        """At the interpreter's exit (a script that never calls ``hvtrace.finish()``, such as one
+        traced by environment): live detection is closed as ``finish()`` closes it, its last
+        windows' verdicts waited for (:meth:`hvtrace.record.live.LiveMonitor.drain`; Horovod is
+        still up: its own exit handler was registered before this one), then the file."""
+        tracer = self.tracer
+        live = getattr(tracer, "live", None)
+        if live is not None and self.writer is not None and os.getpid() == self._pid:
+            try:
+                live.close()
+                live.drain()
+            except Exception as exc:  # noqa: BLE001 - the file is what matters here
+                log.warning("hvtrace: closing live detection at exit failed: %s", exc)
+        self.close()
 
     def close(self) -> None:
         """Flush everything, mark the file final and close it. Idempotent; safe at exit."""
