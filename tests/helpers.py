@@ -225,6 +225,26 @@ def recorded_job(base: Path, steps: int, *train_args: str) -> Path:
     return trace
 
 
+# -- jobs shared by several integration modules (tests/integration/conftest.py) ------------------
+#: The demo with rank 1 sleeping 40 ms in each forward: a small model (a few ms of compute per
+#: step), so that the delay stands out from the scheduling noise of a shared 2-core machine.
+SLOW_RANK1_JOB = ["--steps", "30", "--width", "256", "--layers", "3", "--batch-size", "32",
+                  "--slow-rank", "1", "--slow-ms", "40", "--slow-phase", "forward"]  # fmt: skip
+#: The demo with nothing injected, as ``test_lockstep.py`` runs its faults (30 steps, live
+#: windows of 5 steps; ``--stop-step`` only says where a fault would be, and none is asked).
+CLEAN_LIVE_JOB = ["--steps", "30", "--width", "128", "--layers", "3", "--batch-size", "32"]
+LIVE_EVERY_5 = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
+#: The job of ``test_compare_runs.py`` (60 steps of a 4-layer, 512-wide MLP, live detection off:
+#: every run of that module), here with rank 1 sleeping 25 ms in each forward.
+COMPARE_JOB = ["--steps", "60", "--width", "512", "--layers", "4", "--batch-size", "64"]
+SLOW_SLEEP25_JOB = [*COMPARE_JOB, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
+                    "--slow-kind", "sleep"]  # fmt: skip
+LIVE_OFF = {"HVTRACE_LIVE_EVERY": "0"}
+#: The plain traced demo of ``test_record_horovod.py``: 10 steps of a 2-layer, 64-wide MLP.
+PLAIN_STEPS = 10
+PLAIN_JOB = ["--steps", str(PLAIN_STEPS), "--width", "64", "--layers", "2", "--batch-size", "32"]
+
+
 # -- synthetic trace files ------------------------------------------------------------------------
 def make_header(
     rank: int = 0,

@@ -1,4 +1,6 @@
-"""``hvtrace analyze`` on real 2-rank ``horovodrun --gloo`` runs (two launches in all).
+"""``hvtrace analyze`` on real 2-rank ``horovodrun --gloo`` runs: two jobs, both shared with other
+modules (``conftest.py``): the slowed one with ``test_dashboard_browser.py``, the balanced one
+with ``test_lockstep.py``.
 
 The model is small (a few ms of compute per step) so that the 40 ms injected into rank 1's
 forward stands out from the scheduling noise of a shared 2-core machine.
@@ -11,28 +13,27 @@ from pathlib import Path
 
 import pytest
 from helpers import analyze_cli as _cli
-from helpers import describe, run_train
+from helpers import describe
 
 from hvtrace.analysis import analyze
 from hvtrace.load import load_run
 
 pytestmark = pytest.mark.horovod
 
-SMALL = ["--steps", "30", "--width", "256", "--layers", "3", "--batch-size", "32"]
+
+@pytest.fixture(scope="module")
+def slow_run(slow_rank1_run: Path) -> Path:
+    """30 steps of a 3-layer, 256-wide MLP, rank 1 40 ms slower in its forward
+    (``helpers.SLOW_RANK1_JOB``: shared with the dashboard's browser test, recorded once a
+    session)."""
+    return slow_rank1_run
 
 
 @pytest.fixture(scope="module")
-def slow_run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("slow")
-    run_train(*SMALL, "--trace-dir", d / "trace", "--slow-rank", "1", "--slow-ms", "40", cwd=d)
-    return d / "trace"
-
-
-@pytest.fixture(scope="module")
-def balanced_run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("balanced")
-    run_train(*SMALL, "--trace-dir", d / "trace", cwd=d)
-    return d / "trace"
+def balanced_run(clean_live_run) -> Path:
+    """The demo with nothing injected (``helpers.CLEAN_LIVE_JOB``, 30 steps: the clean job of
+    ``test_lockstep.py``, recorded once a session)."""
+    return clean_live_run.trace
 
 
 def test_names_the_slowed_rank_and_its_phase(slow_run):

@@ -1,8 +1,9 @@
 """Why a rank is late, on real ``horovodrun`` jobs: blocked, more work, or waiting for a CPU.
 
-Three launches of the demo trainer (2 ranks, Gloo), each with rank 1 slowed a different way:
+Three jobs of the demo trainer (2 ranks, Gloo), each with rank 1 slowed a different way:
 
-- it **sleeps** 25 ms in its forward (``--slow-kind sleep``): blocked;
+- it **sleeps** 25 ms in its forward (``--slow-kind sleep``): blocked (the job is the slowed
+  one of ``test_compare_runs.py``, 60 steps, shared: ``slow_sleep25_run`` in ``conftest.py``);
 - it **computes** 25 ms more in its forward (``--slow-kind compute``: matrix products on the
   training thread for 25 ms of its CPU time): more work;
 - nothing is injected into the job; each rank is pinned to its own core (``--pin-cores``) and a
@@ -47,11 +48,18 @@ def _the_straggler(a) -> dict:
 @pytest.mark.parametrize(
     "kind, cause", [("sleep", "blocked"), ("compute", "work")], ids=["sleep", "compute"]
 )
-def test_an_injected_delay_is_named_with_its_cause(tmp_path: Path, kind: str, cause: str) -> None:
-    a = _analyze(
-        tmp_path, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
-        "--slow-kind", kind,
-    )  # fmt: skip
+def test_an_injected_delay_is_named_with_its_cause(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, cause: str
+) -> None:
+    if kind == "sleep":
+        # the sleeping rank's job is test_compare_runs.py's (``helpers.SLOW_SLEEP25_JOB``: the
+        # same model, 60 steps, live detection off), recorded once a session
+        a = analyze(load_run(request.getfixturevalue("slow_sleep25_run").trace))
+    else:
+        a = _analyze(
+            tmp_path, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
+            "--slow-kind", kind,
+        )  # fmt: skip
     s = _the_straggler(a)
     assert s["phase"] == "forward" and s["cause"] == cause, s
     # the part of that cause is most of the injected 25 ms (the compute is 25 ms of the

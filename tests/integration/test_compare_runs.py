@@ -14,7 +14,7 @@ known change each, and the same job at 1, 2 and 4 ranks.
 from __future__ import annotations
 
 import pytest
-from helpers import run_train
+from helpers import COMPARE_JOB, LIVE_OFF, run_train
 
 from hvtrace.analysis import analyze
 from hvtrace.analysis.diff import diff_runs
@@ -23,19 +23,21 @@ from hvtrace.load import load_run
 
 pytestmark = pytest.mark.horovod
 
-JOB = ["--steps", "60", "--width", "512", "--layers", "4", "--batch-size", "64"]
+JOB = COMPARE_JOB
 
 
 def _run(tmp_path_factory, name: str, *args: str, np: int = 2, skip_steps: int = 1):
     d = tmp_path_factory.mktemp(name)
-    env = {"HVTRACE_LIVE_EVERY": "0"}
-    run_train(*JOB, "--trace-dir", d / "trace", *args, np=np, env=env, cwd=d)
+    run_train(*JOB, "--trace-dir", d / "trace", *args, np=np, env=LIVE_OFF, cwd=d)
     return analyze(load_run(d / "trace"), skip_steps=skip_steps)
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return _run(tmp_path_factory, "base")
+def base(compare_runs):
+    """``JOB`` as is; recorded once a session, right before the slowed run of
+    ``test_a_slowed_rank_is_a_new_straggler`` (``compare_runs`` in conftest.py: that run is
+    shared with ``test_causes.py``)."""
+    return analyze(load_run(compare_runs[0].trace), skip_steps=1)
 
 
 def test_a_wider_layer_resizes_its_tensors_and_slows_the_backward(base, tmp_path_factory) -> None:
@@ -48,8 +50,10 @@ def test_a_wider_layer_resizes_its_tensors_and_slows_the_backward(base, tmp_path
     assert parts["backward"] >= parts.drop(["backward", "wait"]).max(), parts
 
 
-def test_a_slowed_rank_is_a_new_straggler(base, tmp_path_factory) -> None:
-    slow = _run(tmp_path_factory, "slow", "--slow-rank", "1", "--slow-ms", "25")
+def test_a_slowed_rank_is_a_new_straggler(base, slow_sleep25_run) -> None:
+    """``JOB`` with rank 1 sleeping 25 ms in its forward (``helpers.SLOW_SLEEP25_JOB``: the run
+    is shared with ``test_causes.py``, recorded once a session)."""
+    slow = analyze(load_run(slow_sleep25_run.trace), skip_steps=1)
     d = diff_runs(base, slow)
     assert d.step["significant"] and d.step["delta_ms"] > 10, d.step
     r = d.ranks.set_index("rank")

@@ -1,9 +1,10 @@
 """The dashboard in a real browser: ``hvtrace dashboard RUN`` in a subprocess, headless Chromium.
 
 The run is recorded by a real ``horovodrun -np 2 --gloo`` job of the built-in model with rank 1's
-forward slowed by 30 ms. When that is impossible here (no Horovod, or the job fails or hangs) the
-committed sample run of the same kind is used, else a synthetic run written with hvtrace's writer;
-the test prints which one it used. Screenshots go to ``tests/artifacts/``.
+forward slowed by 40 ms (``slow_rank1_run`` in ``conftest.py``, shared with
+``test_analyze_cli.py``). When that is impossible here (no Horovod, or the job fails or hangs)
+the committed sample run of the same kind is used, else a synthetic run written with hvtrace's
+writer; the test prints which one it used. Screenshots go to ``tests/artifacts/``.
 
 Skipped only when ``/usr/bin/chromium`` (or its driver, or selenium) is missing.
 """
@@ -11,15 +12,18 @@ Skipped only when ``/usr/bin/chromium`` (or its driver, or selenium) is missing.
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import CHROMEDRIVER, CHROMIUM, headless_chromium, serve_dashboard, synth_module
+from helpers import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    headless_chromium,
+    horovod_unavailable_reason,
+    serve_dashboard,
+    synth_module,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -39,51 +43,22 @@ def _usable(run_dir: Path) -> bool:
     return len(files) >= 2 and all(f.stat().st_size > 0 for f in files)
 
 
-def _record_with_horovod(out: Path, timeout_s: float = 240) -> str | None:
-    """Record the 2-rank run with horovodrun; return None on success, else why not."""
-    bindir = Path(sys.executable).parent
-    hr = bindir / "horovodrun"
-    if not hr.exists():
-        return "horovodrun is not installed"
-    if importlib.util.find_spec("horovod") is None:
-        return "horovod is not importable"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HVTRACE")}
-    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(REPO)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [
-        str(hr), "-np", "2", "-H", "localhost:2", "--gloo",
-        sys.executable, "-m", "hvtrace.examples.train", "--trace-dir", str(out),
-        "--steps", "12", "--slow-rank", "1", "--slow-ms", "30",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=str(REPO),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return f"horovodrun did not finish within {timeout_s:.0f} s"
-    if proc.returncode != 0 or not _usable(out):
-        return f"horovodrun exited {proc.returncode}: {log.strip().splitlines()[-1:]}"
-    return None
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("recorded")
-    why = _record_with_horovod(out)
+def run_dir(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
+    """The real run (``slow_rank1_run``, recorded once a session with ``test_analyze_cli.py``);
+    where Horovod is missing or its job failed, the sample run of the same kind, else a
+    synthetic one."""
+    why = horovod_unavailable_reason()
     if why is None:
-        print(f"\n[dashboard browser test] real horovodrun run recorded in {out}")
-        return out
+        try:
+            out = request.getfixturevalue("slow_rank1_run")
+        except pytest.fail.Exception as exc:  # the job failed or hung: its tail is in exc
+            why = f"horovodrun failed: {str(exc).strip().splitlines()[:1]}"
+        else:
+            if _usable(out):
+                print(f"\n[dashboard browser test] real horovodrun run recorded in {out}")
+                return out
+            why = f"the horovodrun job left no usable rank files in {out}"
     if _usable(SAMPLE):
         print(f"\n[dashboard browser test] {why}; using the recorded sample run {SAMPLE}")
         return SAMPLE

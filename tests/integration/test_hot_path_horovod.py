@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_horovodrun, run_train, tail
+from helpers import PLAIN_JOB, run_horovodrun, run_train, tail
 
 from hvtrace.load import load_run
 from hvtrace.record.native import _hot
@@ -67,17 +67,22 @@ def test_horovods_poll_called_directly_agrees_with_its_python_poll(tmp_path: Pat
         assert "was not created or has been cleared" in r["released"], r
 
 
-COMMON = ["--steps", "12", "--width", "64", "--layers", "3", "--batch-size", "32"]
-
-
 @pytest.mark.timeout(900)
-def test_both_forms_record_the_same_allreduces(tmp_path: Path) -> None:
-    """The demo trainer, 2 ranks, once with the compiled wrapper and once with HVTRACE_NATIVE=0:
-    the same allreduces per step and rank, every one with an end after its start, no problems."""
+def test_both_forms_record_the_same_allreduces(plain_run, tmp_path: Path) -> None:
+    """The demo trainer, 2 ranks, once with the compiled wrapper (hvtrace's default: the plain
+    run of ``helpers.PLAIN_JOB``, shared with ``test_record_horovod.py``) and once with
+    HVTRACE_NATIVE=0, the same job otherwise: the same allreduces per step and rank, every one
+    with an end after its start, no problems."""
     seen = {}
     for native in ("1", "0"):
-        trace = tmp_path / f"native{native}"
-        proc = run_train(*COMMON, "--trace-dir", str(trace), env={"HVTRACE_NATIVE": native})
+        if native == "1":
+            trace, proc = plain_run.trace, plain_run.proc
+        else:
+            trace = tmp_path / f"native{native}"
+            proc = run_train(
+                *PLAIN_JOB, "--trace-dir", str(trace), "--save-params", tmp_path / "params.pt",
+                env={"HVTRACE_NATIVE": native}, cwd=tmp_path,
+            )  # fmt: skip
         assert "tracing disabled" not in proc.stderr, tail(proc.stderr)
         run = load_run(trace)
         assert not run.problems, run.problems

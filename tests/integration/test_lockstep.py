@@ -20,17 +20,18 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import run_train, tail
+from helpers import CLEAN_LIVE_JOB, LIVE_EVERY_5, run_train, tail
 
 from hvtrace.analysis import analyze
 from hvtrace.load import load_run
 
 pytestmark = pytest.mark.horovod
 
-SMALL = ["--steps", "30", "--width", "128", "--layers", "3", "--batch-size", "32"]
+#: 30 steps of a 3-layer, 128-wide MLP; its clean run is shared (``clean_live_run``).
+SMALL = CLEAN_LIVE_JOB
 
 
-LIVE = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
+LIVE = LIVE_EVERY_5
 STOPPED = re.compile(
     r"hvtrace: ranks out of lockstep: rank (\d+) (?:.*)?stopped(?: training)? after step (\d+) "
     r"and before step (\d+) and joined"
@@ -39,12 +40,19 @@ _stderr: dict[Path, str] = {}
 
 
 def _job(tmp_path_factory, name: str, *args: str, steps: list[str] = SMALL) -> Path:
+    """Run the demo with ``args`` (live windows of 5 steps) and return its trace directory."""
     d = tmp_path_factory.mktemp(name)
     proc = run_train(
         *steps, "--trace-dir", d / "trace", "--stop-step", "12", *args, cwd=d, env=LIVE
     )
     _stderr[d / "trace"] = proc.stderr
     return d / "trace"
+
+
+@pytest.fixture(scope="module")
+def early(tmp_path_factory) -> Path:
+    """Rank 0 leaves the loop at step 12 and joins: one job, read offline and live."""
+    return _job(tmp_path_factory, "early", "--end-early-rank", "0")
 
 
 def _lockstep(trace: Path) -> tuple[list[dict], list]:
@@ -57,8 +65,8 @@ def _live_stopped(trace: Path) -> list[tuple[int, int, int]]:
     return [tuple(map(int, m.groups())) for m in STOPPED.finditer(_stderr[trace])]
 
 
-def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(tmp_path_factory) -> None:
-    breaks, findings = _lockstep(_job(tmp_path_factory, "early", "--end-early-rank", "0"))
+def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(early: Path) -> None:
+    breaks, findings = _lockstep(early)
     assert [(b["kind"], b["ranks"], b["step"], b["others"]) for b in breaks] == [
         ("stopped", [0], 11, [1])
     ], breaks
@@ -70,12 +78,12 @@ def test_a_rank_that_stops_early_and_joins_is_named_at_its_step(tmp_path_factory
 
 
 def test_a_rank_that_stops_early_and_joins_is_named_live_by_the_rank_going_on(
-    tmp_path_factory,
+    early: Path,
 ) -> None:
     """Rank 0 (the judge) joined after step 11: rank 1, the lowest rank still training, names
     it once, between the last exchange rank 0 took part in and the first it missed, and writes
     it into its own trace."""
-    trace = _job(tmp_path_factory, "early_live", "--end-early-rank", "0")
+    trace = early
     (got,) = _live_stopped(trace)
     rank, after, before = got
     assert rank == 0 and after <= 11 < before <= after + 10, got
@@ -83,33 +91,48 @@ def test_a_rank_that_stops_early_and_joins_is_named_live_by_the_rank_going_on(
     assert [(e["kind"], e["ranks"], e["others"]) for e in live] == [("stopped", [0], [1])]
 
 
-def test_a_rank_that_skips_a_step_is_named_with_the_step_it_skipped(tmp_path_factory) -> None:
+#: The job of the skipped step: live, the skipped step is named once rank 0's judge (a process
+#: at nice 19) has answered on a window holding it, which takes a longer job than the other
+#: faults; the offline check reads the same job (its steps: 0 .. SKIP_STEPS - 1).
+SKIP_STEPS = 300
+
+
+@pytest.fixture(scope="module")
+def skipped(tmp_path_factory) -> Path:
+    """Rank 1 skips its optimizer step at step 12 (after the forward) and joins at the end."""
+    long = ["--steps", str(SKIP_STEPS), "--width", "256", "--layers", "4", "--batch-size", "64"]
+    return _job(tmp_path_factory, "skipstep", "--skip-step-rank", "1", steps=long)
+
+
+def test_a_rank_that_skips_a_step_is_named_with_the_step_it_skipped(skipped: Path) -> None:
     """A rank that skips its optimizer step once (at step 12: its forward, then no backward and
     no update) takes one step fewer: its allreduces pair with the others' of the next step from
     then on, and its last step pairs with nothing (it joins). hvtrace's steps are the
     optimizer's: the skipped batch's forward is counted into the rank's step 12, a forward with
     no backward that no other rank has; with the step the rank ends short, that names the step
     it skipped."""
-    breaks, findings = _lockstep(_job(tmp_path_factory, "skipstep", "--skip-step-rank", "1"))
+    last = SKIP_STEPS - 1  # rank 0's last step; rank 1 ends one short
+    breaks, findings = _lockstep(skipped)
     assert [(b["kind"], b["ranks"], b["step"], b["others"]) for b in breaks] == [
-        ("stopped", [1], 28, [0])
+        ("stopped", [1], last - 1, [0])
     ], breaks
     assert breaks[0]["joined"] and breaks[0]["steps_without"] == 1
     assert breaks[0]["skipped_steps"] == [12], breaks
     msg = findings[0].message
     assert "rank 1 skipped an optimizer step at step 12" in msg, msg
-    assert "it ended at step 28 while rank 0 went on to step 29 alone (it joined)" in msg, msg
+    assert (
+        f"it ended at step {last - 1} while rank 0 went on to step {last} alone (it joined)" in msg
+    ), msg
 
 
-def test_a_rank_that_skips_a_step_is_named_live_with_the_step_it_skipped(tmp_path_factory) -> None:
+def test_a_rank_that_skips_a_step_is_named_live_with_the_step_it_skipped(skipped: Path) -> None:
     """Live, rank 1's last exchange is the one it misses at the job's end (one step short, it
     joined): rank 0 names it as it joins, with step 12 where rank 0's judge saw rank 1 alone run
     a forward with no backward (the offline rule), once the judge has answered: a longer job."""
-    long = ["--steps", "300", "--width", "256", "--layers", "4", "--batch-size", "64"]
-    trace = _job(tmp_path_factory, "skip_live", "--skip-step-rank", "1", steps=long)
+    trace = skipped
     err = _stderr[trace]
     (got,) = _live_stopped(trace)
-    assert got[0] == 1 and got[1] <= 298 < got[2], got
+    assert got[0] == 1 and got[1] <= SKIP_STEPS - 2 < got[2], got
     assert "ranks out of lockstep: rank 1 " in err and "joined" in err, tail(err)
     # The skipped step is named once rank 0's judge (a process at nice 19, started with the
     # first window) has answered on a window holding it: on a loaded machine it may not have
@@ -128,8 +151,11 @@ def test_a_rank_that_skips_a_backward_stays_in_step(tmp_path_factory) -> None:
     assert "out of lockstep" not in _stderr[trace], tail(_stderr[trace])
 
 
-def test_the_same_job_without_the_fault_is_quiet(tmp_path_factory) -> None:
-    trace = _job(tmp_path_factory, "clean")
+def test_the_same_job_without_the_fault_is_quiet(clean_live_run) -> None:
+    """``SMALL`` with no fault (``helpers.CLEAN_LIVE_JOB``: the same job, shared with
+    ``test_analyze_cli.py``, recorded once a session)."""
+    trace = clean_live_run.trace
+    _stderr[trace] = clean_live_run.stderr
     breaks, findings = _lockstep(trace)
     assert breaks == [] and findings == []
     assert "out of lockstep" not in _stderr[trace], tail(_stderr[trace])

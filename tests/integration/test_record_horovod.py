@@ -1,6 +1,6 @@
 """Recording under real Horovod: ``horovodrun -np 2 -H localhost:2 --gloo`` on the demo trainer.
 
-Each module-scoped fixture is one horovodrun launch (seven in all); several tests read each run.
+Each module-scoped fixture is one horovodrun launch (six in all); several tests read each run.
 Launches are small (10 steps of a 2-layer, 64-wide MLP) and killed after 300 s each.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import run_train, tail
+from helpers import PLAIN_JOB, run_train, tail
 
 from hvtrace.format.schema import FORMAT_VERSION
 from hvtrace.load import Run, load_run
@@ -30,6 +30,7 @@ LAYERS = 2
 N_TENSORS = 2 * (LAYERS + 1)
 COMMON = ["--steps", str(STEPS), "--width", str(WIDTH), "--layers", str(LAYERS)]
 COMMON += ["--batch-size", "32"]
+assert COMMON == PLAIN_JOB  # its plain run is shared (``plain_run``, tests/integration/conftest.py)
 PHASES = ("step", "input", "forward", "backward", "wait", "update")
 
 
@@ -77,8 +78,13 @@ def _launch(tmp_path_factory, name: str, *args: str, env=None, traced=True, save
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> Job:
-    return _launch(tmp_path_factory, "plain")
+def plain(plain_run) -> Job:
+    """``COMMON``, traced, the parameters saved: ``helpers.PLAIN_JOB`` (the same job, shared
+    with ``test_hot_path_horovod.py``, recorded once a session)."""
+    job = Job(plain_run.proc, plain_run.trace, plain_run.base / "params.pt")
+    assert f"rank 0: {STEPS} steps" in job.proc.stdout, job.context()
+    job.run = load_run(job.trace_dir)
+    return job
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +99,10 @@ def hvtrace_off(tmp_path_factory) -> Job:
 
 @pytest.fixture(scope="module")
 def slowed(tmp_path_factory) -> Job:
+    """Rank 1 60 ms slower in its forward; every rank clipping its gradients between Horovod's
+    synchronize() and the update (``--clip``), its parameters in 2 groups (``--groups 2``).
+    Independent of each other: the delay is in the forward, the clipping after the backward's
+    wait, the same on both ranks; each test reads its own part of this one launch."""
     return _launch(
         tmp_path_factory,
         "slow",
@@ -102,6 +112,9 @@ def slowed(tmp_path_factory) -> Job:
         "60",
         "--slow-phase",
         "forward",
+        "--clip",
+        "--groups",
+        "2",
         save=False,
     )
 
@@ -112,8 +125,9 @@ def bpps_fp16(tmp_path_factory) -> Job:
 
 
 @pytest.fixture(scope="module")
-def clip_groups(tmp_path_factory) -> Job:
-    return _launch(tmp_path_factory, "clip_groups", "--clip", "--groups", "2", save=False)
+def clip_groups(slowed: Job) -> Job:
+    """The clipped, grouped job: the ``slowed`` launch (its delay is in the forward only)."""
+    return slowed
 
 
 @pytest.fixture(scope="module")
