@@ -534,15 +534,16 @@ class LiveMonitor:
             log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
             self.close()
 
-    def close(self) -> None:
+    def close(self, read_presence: bool = True) -> None:
         """Stop: the live thread starts no exchange after this and ends (an exchange already in
         progress completes on every rank, which all hand over the same windows), and
         :meth:`on_step` does nothing more (every rank closes at the same point: its finish, an
         elastic reset, or a failed agreement, which fails on every rank). The last exchange's
         presence is read first where Horovod has it within :data:`CLOSE_WAIT_S` (a rank that
         stopped short and joined is named then: the job's end may be the first exchange it
-        missed)."""
-        if self._here is not None and not self._closed:
+        missed); not with ``read_presence`` False (at the interpreter's exit, where the script
+        may have shut Horovod down already)."""
+        if read_presence and self._here is not None and not self._closed:
             self._read_here(wait_s=CLOSE_WAIT_S)
         self._closed = True
         self._stopped = True

@@ -243,13 +243,13 @@ class Recorder:
     def _close_at_exit(self) -> None:
         """At the interpreter's exit (a script that never calls ``hvtrace.finish()``, such as one
         traced by environment): live detection is closed as ``finish()`` closes it, its last
-        windows' verdicts waited for (:meth:`hvtrace.record.live.LiveMonitor.drain`; Horovod is
-        still up: its own exit handler was registered before this one), then the file."""
+        windows' verdicts waited for (:meth:`hvtrace.record.live.LiveMonitor.drain`: the judge is a
+        child process, not Horovod, which the script may have shut down), then the file."""
         tracer = self.tracer
         live = getattr(tracer, "live", None)
         if live is not None and self.writer is not None and os.getpid() == self._pid:
             try:
-                live.close()
+                live.close(read_presence=False)
                 live.drain()
             except Exception as exc:  # noqa: BLE001 - the file is what matters here
                 log.warning("hvtrace: closing live detection at exit failed: %s", exc)
