@@ -327,9 +327,8 @@ class Tracer(TracerHooks):
         # they count steps so that the scheduled clock collectives stay in step on every rank.
         self.steps_done = recording.start_step
         self.rec.step = recording.start_step
-        #: The training thread's CPU counters are read on one step in ``counter_every`` where
-        #: steps are short (``$HVTRACE_COUNTERS_MS``; reviewed as the steps go: hot.py's
-        #: ``_next_counters_off``).
+        # the training thread's CPU counters: on one step in ``counter_every`` where steps are
+        # short (``$HVTRACE_COUNTERS_MS``; reviewed as the steps go: hot.py's _next_counters_off)
         self._sample_counters(settings.counters_gap_ns())
         self._finished = False
         self.meta: dict[Any, tuple[list, list, list]] = {}  # allreduce key -> names, bytes, dtypes
