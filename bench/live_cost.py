@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     mon = live.LiveMonitor.__new__(live.LiveMonitor)
     mon.window, mon.every, mon.windows_sent, mon.in_window = [], 10**9, 0, 0
-    mon._stopped = False
+    mon._stopped = mon._closed = False
+    mon.length, mon.chunk_steps, mon.collectives = 10**9, live.CHUNK_STEPS, 0
+    mon._due, mon._due_in = None, 0
     mon._q = queue.SimpleQueue()  # (the chunks handed over pile up here: not reduced)
     t0 = time.perf_counter_ns()
     for rows in window * 100:

@@ -16,6 +16,8 @@
  *                     c_synchronize, c_step             _synchronize, _step (and their helpers)
  *   _hot/lr_rows.c    ph_lr_rows                        LrRows.on_step (the consistency checks)
  *   _hot/wait.c       HandleWait                        handle_wait
+ *   _hot/deltas.c     deltas_into                       cpustat._deltas_py (off the hot
+ *                                                       path: the writer's and live thread's)
  *   _hot/module.c     configure, the module's init      configure
  *
  * Phases: the base class of ``Tracer`` (hvtrace/record/optimizer.py). It holds the tracer's
@@ -39,4 +41,5 @@
 #include "_hot/phases.c"
 #include "_hot/lr_rows.c"
 #include "_hot/wait.c"
+#include "_hot/deltas.c"
 #include "_hot/module.c"

@@ -220,11 +220,32 @@ def deltas_columns(
     wait where a reading has no schedstat line (the CPU clock only), neither where a counter
     went back (impossible for one thread).
 
-    Called by the writer thread, off the hot path. Each schedstat line is parsed once: readings
-    that found it unchanged share the same bytes object."""
+    Called by the writer thread and the live thread, off the hot path but holding the GIL the
+    training thread needs: in one pass of C (``hvtrace.record._hot.deltas_into``) where the
+    compiled hot path is built and on, else (or for readings it does not take) its Python twin,
+    :func:`_deltas_py`; the same columns."""
     n = len(pairs)
     cpu, runq = np.zeros(n, np.int64), np.zeros(n, np.int64)
     cpu_ok, runq_ok = np.zeros(n, np.bool_), np.zeros(n, np.bool_)
+    into = getattr(hot_module(), "deltas_into", None)
+    if into is not None and into(pairs if type(pairs) is list else list(pairs), cpu, runq,
+                                 cpu_ok, runq_ok):  # fmt: skip
+        return cpu, runq, cpu_ok, runq_ok
+    for col in (cpu, runq, cpu_ok, runq_ok):
+        col[:] = 0
+    _deltas_py(pairs, cpu, runq, cpu_ok, runq_ok)
+    return cpu, runq, cpu_ok, runq_ok
+
+
+def _deltas_py(
+    pairs: Sequence[tuple[Any, Any]],
+    cpu: np.ndarray,
+    runq: np.ndarray,
+    cpu_ok: np.ndarray,
+    runq_ok: np.ndarray,
+) -> None:
+    """:func:`deltas_columns`'s Python form, into its four zeroed columns. Each schedstat line
+    is parsed once: readings that found it unchanged share the same bytes object."""
     parsed: dict[int, int] = {}  # id of a line (kept alive by ``pairs``) -> its run-queue wait
     for j, (start, end) in enumerate(pairs):
         if start is None or end is None:
@@ -241,4 +262,3 @@ def deltas_columns(
                 r1 = parsed[id(end[1])] = runq_ns(end[1])
             if r1 >= r0:
                 runq[j], runq_ok[j] = r1 - r0, True
-    return cpu, runq, cpu_ok, runq_ok

@@ -19,6 +19,7 @@ C part             compiled (``hvtrace.record._hot``)          Python twin (here
                                                                ``_step``, helpers
 ``lr_rows.c``      ``ph_lr_rows``                              ``LrRows.on_step``
 ``wait.c``         ``HandleWait``                              ``handle_wait``
+``deltas.c``       ``deltas_into`` (off the hot path)          ``cpustat._deltas_py``
 ``module.c``       ``configure``                               ``configure``
 =================  ==========================================  ==================================
 
@@ -27,7 +28,8 @@ C part             compiled (``hvtrace.record._hot``)          Python twin (here
 :class:`hvtrace.record.consistency.ConsistencyChecks`.
 
 The modules that use them choose between the two forms, at set-up: ``cpustat._schedstat_reader``,
-``Tracer.hooks`` and ``TracerHooks._enqueue_wrapper``, ``hvdpatch.wrap``. Horovod's poll called
+``Tracer.hooks`` and ``TracerHooks._enqueue_wrapper``, ``hvdpatch.wrap`` (``cpustat.deltas_columns``
+at each call). Horovod's poll called
 directly (``_hot.HorovodPoll``, in ``_hot/enqueue.c``) has no Python twin here: where it is not
 built, Horovod's own pybind11 poll runs (:func:`hvtrace.record.opening.horovod_poll`).
 

@@ -546,3 +546,63 @@ def test_a_judge_that_falls_behind_judges_the_newest_windows(monkeypatch) -> Non
     thread.join(10)
     assert not thread.is_alive()
     assert judged == [20, 100, 120, 140] and mon.judge_skipped == 3
+
+
+def _counts(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Every rank's counts matrix (:data:`COUNTS_FRAME_COLS`) of ``n`` steps of a job in
+    lockstep: the same steps and counts on every rank."""
+    one = np.zeros((n, len(live_judge.COUNTS_FRAME_COLS)))
+    col = {c: j for j, c in enumerate(live_judge.COUNTS_FRAME_COLS)}
+    one[:, col["step"]] = np.arange(100, 100 + n)
+    one[:, col["backward_ns"]] = 5e6
+    one[:, col["n_allreduce"]] = rng.integers(1, 4)
+    one[:, col["n_forward"]] = one[:, col["n_backward"]] = 1
+    return np.vstack([one] * size)
+
+
+def test_the_judge_skips_the_lockstep_check_only_where_it_finds_nothing() -> None:
+    """``counts_agree`` lets the judge skip its lockstep check's pandas work: wherever it says
+    the counts agree, the check finds nothing; every kind of break is still judged."""
+    rng = np.random.default_rng(7)
+    col = {c: j for j, c in enumerate(live_judge.COUNTS_FRAME_COLS)}
+    skipped = judged = 0
+    for case in range(80):
+        size, n = int(rng.integers(2, 5)), int(rng.integers(3, 9))
+        m = _counts(size, n, rng)
+        for _ in range(int(rng.integers(0, 3))):  # changes on one rank's row
+            r, i = int(rng.integers(size)), int(rng.integers(n))
+            what = rng.choice(["n_allreduce", "n_collective", "n_forward", "step", "nan", "dup"])
+            row = r * n + i
+            if what == "nan":
+                m[row, col["step"]] = np.nan  # a step the rank did not record
+            elif what == "dup":
+                m[row] = m[r * n + (i + 1) % n]  # a step recorded twice
+            else:
+                m[row, col[what]] += 1
+        agree = live_judge.counts_agree(m, size, live_judge.COUNTS_FRAME_COLS)
+        found = live_judge.lockstep_verdicts(live_judge.counts_frame(m, size), size)
+        if agree:
+            assert found == [], (case, m)
+            skipped += 1
+        else:
+            judged += 1
+        if case % 8 == 0:  # the judge's own answer, through the fast path
+            empty = np.full((0, live.N_COLS), np.nan)
+            assert live_judge.verdicts(empty, size, {}, m) == found, case
+    assert skipped > 15 and judged > 15  # both paths were taken
+    clean = _counts(2, 10, rng)
+    assert live_judge.counts_agree(clean, 2, live_judge.COUNTS_FRAME_COLS)
+    clean[15, col["n_allreduce"]] += 1  # rank 1 allreduces one tensor more at step 105
+    assert not live_judge.counts_agree(clean, 2, live_judge.COUNTS_FRAME_COLS)
+    (b,) = live_judge.verdicts(np.full((0, live.N_COLS), np.nan), 2, {}, clean)
+    assert (b["kind"], b["step"]) == ("lockstep", 105)
+
+
+def test_a_gathered_window_in_lockstep_skips_the_check_and_a_break_does_not() -> None:
+    same = np.vstack([_window(0.0), _window(0.0)])
+    assert live_judge.counts_agree(same, 2)
+    broken = same.copy()
+    broken[25, live.N_COLS - 4] += 1  # rank 1's step 45: one allreduce more
+    assert not live_judge.counts_agree(broken, 2)
+    kinds = [v.get("kind") for v in live_judge.verdicts(broken, 2, {})]
+    assert kinds == ["lockstep"]

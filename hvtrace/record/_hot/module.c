@@ -61,6 +61,10 @@ static PyMethodDef module_methods[] = {
     {"horovod_poll", horovod_poll, METH_O,
      "horovod_poll(path) -> HorovodPoll or None: Horovod's PollHandle in the already loaded "
      "library at path (its PyTorch extension), None where it is not there."},
+    {"deltas_into", deltas_into, METH_VARARGS,
+     "deltas_into(pairs, cpu, runq, cpu_ok, runq_ok) -> bool: the CPU time and run-queue wait "
+     "between each pair of readings, into the four columns (hvtrace.record.cpustat."
+     "deltas_columns); False where a reading is not one it reads (the Python twin decides)."},
     {NULL},
 };
 

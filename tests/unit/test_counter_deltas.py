@@ -1,0 +1,95 @@
+"""The counters' deltas of a batch of readings (hvtrace.record.cpustat.deltas_columns): the
+compiled form (``_hot.deltas_into``) and its Python twin give the same columns, or the same
+error, for readings as the recorder makes them and for anything else."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from hvtrace.record import cpustat
+from hvtrace.record.native import hot_module
+
+JUNK = [b"1 2", b"1 x 3\n", b" 4  5\t6 ", b"-1 2 3", "7 8 9", b"", b"1 99999999999999999999 3",
+        2**70, -(2**63), 3.5, True, (1,), (1, b"1 2 3", 0), [1, b"1 2 3"]]  # fmt: skip
+
+
+def _python(pairs: list) -> tuple:
+    cols = (np.zeros(len(pairs), np.int64), np.zeros(len(pairs), np.int64),
+            np.zeros(len(pairs), np.bool_), np.zeros(len(pairs), np.bool_))  # fmt: skip
+    cpustat._deltas_py(pairs, *cols)
+    return cols
+
+
+def _readings(rng: random.Random, n: int, junk: bool) -> list:
+    """Readings of one thread as the recorder takes them: the CPU clock, and a schedstat line
+    shared by readings that found it unchanged; some not read (None), some the clock only,
+    counters that go back, and (``junk``) anything else."""
+    out, line, cpu, waited = [], b"0 0 0\n", 10**12, 10**12
+    for _ in range(n):
+        cpu += rng.choice([0, 1, 500, 10**6]) * rng.choice([1, 1, 1, -1])
+        if rng.random() < 0.5:
+            waited += rng.choice([0, 3, 10**5]) * rng.choice([1, 1, -1])
+            line = f"{cpu * 3} {waited} {rng.randrange(9)}\n".encode()
+        kind = rng.random()
+        if kind < 0.1:
+            out.append(None)
+        elif kind < 0.2:
+            out.append(cpu)
+        elif junk and kind < 0.25:
+            j = rng.choice(JUNK)
+            out.append((cpu, j) if isinstance(j, bytes | str) and rng.random() < 0.7 else j)
+        else:
+            out.append((cpu, line))
+    return out
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["readings", "junk"])
+def test_the_compiled_deltas_are_the_python_twins(monkeypatch, junk: bool) -> None:
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    if hot_module() is None or not hasattr(hot_module(), "deltas_into"):
+        pytest.skip("the compiled hot path is not built here")
+    rng = random.Random(11 if junk else 5)
+    compiled = 0
+    for case in range(400):
+        r = _readings(rng, rng.randrange(0, 30), junk)
+        pairs = [*itertools.pairwise(r), (None, None)]
+        try:
+            want = _python(pairs)
+        except (TypeError, ValueError, IndexError, OverflowError) as exc:
+            with pytest.raises(type(exc)):
+                cpustat.deltas_columns(pairs)
+            continue
+        got = cpustat.deltas_columns(pairs)
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b), case
+        cols = [np.zeros(len(pairs), t) for t in (np.int64, np.int64, np.bool_, np.bool_)]
+        if hot_module().deltas_into(pairs, *cols):
+            compiled += 1
+            assert all(np.array_equal(a, b) for a, b in zip(cols, want, strict=True)), case
+    # the compiled form answered every reading the recorder makes, not the twin
+    assert compiled == 400 if not junk else compiled > 50
+
+
+def test_deltas_of_shared_lines_and_counters_that_go_back() -> None:
+    line_a, line_b = b"10 100 1\n", b"20 400 2\n"
+    pairs = [((5, line_a), (9, line_b)), ((9, line_b), (7, line_a)), (None, (1, line_a)),
+             (3, 8), ((3, line_a), 8)]  # fmt: skip
+    cpu, runq, cpu_ok, runq_ok = cpustat.deltas_columns(pairs)
+    assert cpu.tolist() == [4, 0, 0, 5, 5] and cpu_ok.tolist() == [True, False, False, True, True]
+    assert runq.tolist() == [300, 0, 0, 0, 0]
+    assert runq_ok.tolist() == [True, False, False, False, False]
+
+
+def test_the_compiled_form_refuses_columns_of_the_wrong_size() -> None:
+    hot = hot_module()
+    if hot is None or not hasattr(hot, "deltas_into"):
+        pytest.skip("the compiled hot path is not built here")
+    ok = np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match="wrong size"):
+        hot.deltas_into([(1, 2), (2, 3)], ok, ok, np.zeros(1, np.bool_), np.zeros(2, np.bool_))
+    with pytest.raises(ValueError, match="wrong size"):
+        hot.deltas_into([(1, 2)], ok, ok, np.zeros(1, np.bool_), np.zeros(1, np.bool_))
