@@ -39,6 +39,7 @@ from hvtrace.format.schema import (
 )
 from hvtrace.record import rows as rows_mod
 from hvtrace.record.cpustat import deltas_columns
+from hvtrace.record.native import hot_module
 
 try:
     import fcntl
@@ -51,6 +52,10 @@ log = logging.getLogger("hvtrace")
 STEP, MICRO, KIND, NAME, START, END, BYTES, DTYPE, VALUE, FLAGS = range(10)
 CPU_START, CPU_END, BASE_LEN = rows_mod.CPU_START, rows_mod.CPU_END, rows_mod.BASE_LEN
 _K_ALLREDUCE, UNREAD = rows_mod._K_ALLREDUCE, rows_mod.UNREAD
+#: The dtypes of a batch's row columns (:meth:`BatchEncoder._row_columns`): the ten fields, then
+#: ``cpu_ns``, ``runq_ns`` and whether each was measured.
+_ROW_DTYPES = (np.int32, np.int16, np.int8, np.int32, np.int64, np.int64, np.int64, np.int8,
+               np.float64, np.uint8, np.int64, np.int64, np.bool_, np.bool_)  # fmt: skip
 
 
 def _fixed(values: Any, np_dtype: Any, pa_type: pa.DataType) -> pa.Array:
@@ -195,7 +200,21 @@ class BatchEncoder:
 
     def _row_columns(self, rows: list[tuple]) -> list[np.ndarray]:
         """The columns of rows (tuples): the ten of a row's fields, then ``cpu_ns``,
-        ``runq_ns`` and whether each was measured (from the readings at start and end)."""
+        ``runq_ns`` and whether each was measured (from the readings at start and end). In one
+        pass of C (``hvtrace.record._hot.rows_into``) where the compiled hot path is built and
+        on, else (or for rows it does not take) :meth:`_row_columns_py`: the same columns and
+        names."""
+        into = getattr(hot_module(), "rows_into", None)
+        if into is not None and type(rows) is list:
+            n = len(rows)
+            cols = [np.empty(n, t) for t in _ROW_DTYPES]
+            cols[-4:] = [np.zeros(n, t) for t in _ROW_DTYPES[-4:]]  # set where measured
+            if into(rows, self._name_ids, self._names, *cols):
+                return cols
+        return self._row_columns_py(rows)
+
+    def _row_columns_py(self, rows: list[tuple]) -> list[np.ndarray]:
+        """:meth:`_row_columns`'s Python form."""
         name_id = self._name_id
         names = np.fromiter((name_id(r[NAME]) for r in rows), np.int32, len(rows))
         cols = list(zip(*(r[:BASE_LEN] for r in rows))) if rows else [()] * BASE_LEN

@@ -1,17 +1,20 @@
-"""The counters' deltas of a batch of readings (hvtrace.record.cpustat.deltas_columns): the
-compiled form (``_hot.deltas_into``) and its Python twin give the same columns, or the same
-error, for readings as the recorder makes them and for anything else."""
+"""The counters' deltas of a batch of readings (hvtrace.record.cpustat.deltas_columns) and the
+writer's columns of a batch of rows (hvtrace.record.writer.BatchEncoder._row_columns): the
+compiled forms (``_hot.deltas_into``, ``_hot.rows_into``) and their Python twins give the same
+columns, or the same error, for what the recorder makes and for anything else."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import numpy as np
 import pytest
 
-from hvtrace.record import cpustat
+from hvtrace.record import cpustat, writer
 from hvtrace.record.native import hot_module
+from hvtrace.record.writer import BatchEncoder
 
 JUNK = [b"1 2", b"1 x 3\n", b" 4  5\t6 ", b"-1 2 3", "7 8 9", b"", b"1 99999999999999999999 3",
         2**70, -(2**63), 3.5, True, (1,), (1, b"1 2 3", 0), [1, b"1 2 3"]]  # fmt: skip
@@ -93,3 +96,54 @@ def test_the_compiled_form_refuses_columns_of_the_wrong_size() -> None:
         hot.deltas_into([(1, 2), (2, 3)], ok, ok, np.zeros(1, np.bool_), np.zeros(2, np.bool_))
     with pytest.raises(ValueError, match="wrong size"):
         hot.deltas_into([(1, 2)], ok, ok, np.zeros(1, np.bool_), np.zeros(1, np.bool_))
+
+
+def _rows(rng: random.Random, n: int, junk: bool) -> list:
+    """A batch of rows as the hot path makes them (tests/unit/test_writer*.py have the batches'
+    meaning): phase rows with readings, scalars with a value, rows without readings; and
+    (``junk``) fields of other types or out of their column's range."""
+    readings = _readings(rng, n + 1, False)
+    out = []
+    for i in range(n):
+        name = rng.choice(["forward", "backward", "lr", "user:é", "step"])
+        t = 10**15 + i
+        row = [i // 3, 0, rng.randrange(12), name, t, t + rng.randrange(-5, 9**9),
+               rng.choice([0, 4096]), rng.randrange(3), rng.choice([math.nan, 3]), 0]  # fmt: skip
+        if junk and rng.random() < 0.1:
+            k = rng.randrange(10)
+            row[k] = rng.choice([None, 1.5, True, 2**40, -1, 300, "x", np.int64(2)])
+        tail = [(readings[i], readings[i + 1])] if rng.random() < 0.7 else [()]
+        if junk and rng.random() < 0.05:
+            tail = [(readings[i],)]
+        out.append(tuple(row) + tail[0])
+    return out
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["rows", "junk"])
+def test_the_compiled_row_columns_are_the_python_forms(monkeypatch, junk: bool) -> None:
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    if hot_module() is None or not hasattr(hot_module(), "rows_into"):
+        pytest.skip("the compiled hot path is not built here")
+    rng = random.Random(3 if junk else 4)
+    compiled = 0
+    for case in range(300):
+        rows = _rows(rng, rng.randrange(0, 25), junk)
+        py, c = BatchEncoder(), BatchEncoder()
+        py._name_id("earlier")  # names interned by an earlier batch keep their ids
+        c._name_id("earlier")
+        try:
+            want = py._row_columns_py(rows)
+        except (TypeError, ValueError, IndexError, OverflowError) as exc:
+            with pytest.raises(type(exc)):
+                c._row_columns(rows)
+            continue
+        got = c._row_columns(rows)
+        assert c._names == py._names and c._name_ids == py._name_ids, case
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), case
+        n = len(rows)
+        cols = [np.zeros(n, t) for t in writer._ROW_DTYPES]
+        if hot_module().rows_into(rows, {}, [], *cols):
+            compiled += 1
+    # the compiled form answered every batch the recorder makes, not the Python form
+    assert compiled == 300 if not junk else compiled > 30

@@ -1,7 +1,9 @@
-/* hvtrace/record/_hot/deltas.c: deltas_into, the counters' deltas of a batch of readings. Part
+/* hvtrace/record/_hot/deltas.c: deltas_into, the counters' deltas of a batch of readings, and
+ * rows_into, the writer's columns of a batch of rows (those deltas among them). Part
  * of hvtrace/record/_hot.c (included there before module.c); not compiled alone.
- * Python twin: hvtrace.record.cpustat._deltas_py (chosen between them by
- * hvtrace.record.cpustat.deltas_columns).
+ * Python twins: hvtrace.record.cpustat._deltas_py (chosen between them by
+ * hvtrace.record.cpustat.deltas_columns) and hvtrace.record.writer.BatchEncoder._row_columns_py
+ * (by BatchEncoder._row_columns).
  *
  * Off the hot path, but on a thread of the training process holding the GIL: the writer thread
  * (each flush's rows) and the live thread (each chunk of steps) both turn every phase row's two
@@ -70,6 +72,63 @@ static int writable(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssiz
     return 0;
 }
 
+/* The last two schedstat lines parsed: readings that found the line unchanged share it. */
+typedef struct {
+    PyObject *seen[2]; /* borrowed: the caller's list holds them for the call */
+    long long value[2];
+    int slot;
+} LineMemo;
+
+static long long memo_runq(LineMemo *m, PyObject *line) {
+    if (line == m->seen[0]) return m->value[0];
+    if (line == m->seen[1]) return m->value[1];
+    long long v = schedstat_runq(line);
+    if (v >= 0) {
+        m->seen[m->slot] = line;
+        m->value[m->slot] = v;
+        m->slot ^= 1;
+    }
+    return v;
+}
+
+/* The deltas between readings ``a`` and ``b`` into ``cpu``/``runq`` and their flags (left as
+ * they are where not measured): 0, or -1 where a reading is not one this reads. */
+static int pair_delta(PyObject *a, PyObject *b, LineMemo *m, long long *cpu, char *cpu_ok,
+                      long long *runq, char *runq_ok) {
+    long long c0, c1, c;
+    PyObject *l0, *l1;
+    int x = reading_parts(a, &c0, &l0), y = reading_parts(b, &c1, &l1);
+    if (x < 0 || y < 0) return -1;
+    if (!x || !y) return 0;
+    if (__builtin_sub_overflow(c1, c0, &c)) return -1;
+    if (c >= 0) {
+        *cpu = c;
+        *cpu_ok = 1;
+    }
+    if (l0 == NULL || l1 == NULL) return 0;
+    long long r0 = memo_runq(m, l0);
+    if (r0 < 0) return -1;
+    long long r1 = memo_runq(m, l1);
+    if (r1 < 0) return -1;
+    if (r1 >= r0) {
+        *runq = r1 - r0;
+        *runq_ok = 1;
+    }
+    return 0;
+}
+
+/* Writable columns: ``n`` items of ``itemsize`` bytes each, C-contiguous. */
+static int get_columns(PyObject **cols, Py_buffer *view, const Py_ssize_t *itemsize, int k,
+                       Py_ssize_t n) {
+    for (int i = 0; i < k; i++) {
+        if (writable(cols[i], &view[i], itemsize[i], n) < 0) {
+            while (i--) PyBuffer_Release(&view[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* deltas_into(pairs, cpu, runq, cpu_ok, runq_ok) -> bool: see the top of this file. ``pairs``:
  * a list of (start, end) readings; the four columns: writable, len(pairs) long, int64, int64,
  * bool, bool, zeroed by the caller. */
@@ -81,68 +140,126 @@ static PyObject *deltas_into(PyObject *module, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(pairs);
     Py_buffer view[4];
     const Py_ssize_t size[4] = {8, 8, 1, 1};
-    int got = 0;
-    for (; got < 4; got++)
-        if (writable(cols[got], &view[got], size[got], n) < 0) break;
-    PyObject *result = NULL;
-    if (got == 4) {
-        long long *cpu = view[0].buf, *runq = view[1].buf;
-        char *cpu_ok = view[2].buf, *runq_ok = view[3].buf;
-        /* the last two lines parsed: readings that found the line unchanged share it */
-        PyObject *seen[2] = {NULL, NULL};
-        long long seen_v[2] = {0, 0};
-        int slot = 0, ok = 1;
-        for (Py_ssize_t j = 0; j < n && ok; j++) {
-            PyObject *pair = PyList_GET_ITEM(pairs, j);
-            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
-                ok = 0;
-                break;
-            }
-            long long c0, c1;
-            PyObject *l0, *l1;
-            int a = reading_parts(PyTuple_GET_ITEM(pair, 0), &c0, &l0);
-            int b = reading_parts(PyTuple_GET_ITEM(pair, 1), &c1, &l1);
-            if (a < 0 || b < 0) {
-                ok = 0;
-                break;
-            }
-            if (!a || !b) continue;
-            long long c;
-            if (__builtin_sub_overflow(c1, c0, &c)) {
-                ok = 0;
-                break;
-            }
-            if (c >= 0) {
-                cpu[j] = c;
-                cpu_ok[j] = 1;
-            }
-            if (l0 == NULL || l1 == NULL) continue;
-            long long r[2] = {-1, -1};
-            PyObject *line[2] = {l0, l1};
-            for (int i = 0; i < 2; i++) {
-                if (line[i] == seen[0]) {
-                    r[i] = seen_v[0];
-                } else if (line[i] == seen[1]) {
-                    r[i] = seen_v[1];
-                } else {
-                    r[i] = schedstat_runq(line[i]);
-                    if (r[i] < 0) break;
-                    seen[slot] = line[i]; /* borrowed: ``pairs`` holds it for this call */
-                    seen_v[slot] = r[i];
-                    slot ^= 1;
-                }
-            }
-            if (r[0] < 0 || r[1] < 0) {
-                ok = 0;
-                break;
-            }
-            if (r[1] >= r[0]) {
-                runq[j] = r[1] - r[0];
-                runq_ok[j] = 1;
-            }
-        }
-        result = PyBool_FromLong(ok);
+    if (get_columns(cols, view, size, 4, n) < 0) return NULL;
+    long long *cpu = view[0].buf, *runq = view[1].buf;
+    char *cpu_ok = view[2].buf, *runq_ok = view[3].buf;
+    LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
+    int ok = 1;
+    for (Py_ssize_t j = 0; j < n && ok; j++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, j);
+        ok = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+             pair_delta(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), &memo, &cpu[j],
+                        &cpu_ok[j], &runq[j], &runq_ok[j]) == 0;
     }
-    for (int i = 0; i < got; i++) PyBuffer_Release(&view[i]);
+    for (int i = 0; i < 4; i++) PyBuffer_Release(&view[i]);
+    return PyBool_FromLong(ok);
+}
+
+/* An int field of a row into ``*v`` within [lo, hi]: 0, or -1 where it is not an int there. */
+static int int_field(PyObject *o, long long lo, long long hi, long long *v) {
+    if (!PyLong_CheckExact(o)) return -1;
+    int overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (*v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (*v < lo || *v > hi) ? -1 : 0;
+}
+
+/* rows_into(rows, name_ids, names, step, micro, kind, name, start, end, nbytes, dtype, value,
+ * flags, cpu, runq, cpu_ok, runq_ok) -> bool: the writer's columns of a batch's rows (tuples,
+ * hvtrace.record.rows: ten fields, or twelve with the readings), as its Python form
+ * (writer.BatchEncoder._row_columns) makes them: names interned into ``name_ids`` (a dict, str
+ * -> id) and ``names`` (a list, in order of first appearance), the readings' deltas as
+ * deltas_into's. False where a row is not one this reads (another length, a field of another
+ * type or out of its column's range): the caller then runs the Python form on the whole batch
+ * (the names this interned are the ones it would have, in the same order). */
+static PyObject *rows_into(PyObject *module, PyObject *args) {
+    PyObject *rows, *ids, *names, *cols[14];
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOOOOOOOOOO:rows_into", &PyList_Type, &rows,
+                          &PyDict_Type, &ids, &PyList_Type, &names, &cols[0], &cols[1],
+                          &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7], &cols[8],
+                          &cols[9], &cols[10], &cols[11], &cols[12], &cols[13]))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    Py_buffer view[14];
+    const Py_ssize_t size[14] = {4, 2, 1, 4, 8, 8, 8, 1, 8, 1, 8, 8, 1, 1};
+    if (get_columns(cols, view, size, 14, n) < 0) return NULL;
+    int32_t *step = view[0].buf, *name = view[3].buf;
+    int16_t *micro = view[1].buf;
+    int8_t *kind = view[2].buf, *dtype = view[7].buf;
+    int64_t *start = view[4].buf, *end = view[5].buf, *nbytes = view[6].buf;
+    double *value = view[8].buf;
+    uint8_t *flags = view[9].buf;
+    long long *cpu = view[10].buf, *runq = view[11].buf;
+    char *cpu_ok = view[12].buf, *runq_ok = view[13].buf;
+    LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
+    int ok = 1;
+    PyObject *result = NULL;
+    for (Py_ssize_t j = 0; j < n && ok; j++) {
+        PyObject *r = PyList_GET_ITEM(rows, j);
+        ok = 0;
+        if (!PyTuple_CheckExact(r)) break;
+        Py_ssize_t len = PyTuple_GET_SIZE(r);
+        if (len != 10 && len != 12) break;
+        long long v[10];
+        /* step, micro, kind, (name), start, end, bytes, dtype, (value), flags */
+        if (int_field(PyTuple_GET_ITEM(r, 0), INT32_MIN, INT32_MAX, &v[0]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 1), INT16_MIN, INT16_MAX, &v[1]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 2), INT8_MIN, INT8_MAX, &v[2]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 4), LLONG_MIN, LLONG_MAX, &v[4]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 5), LLONG_MIN, LLONG_MAX, &v[5]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 6), LLONG_MIN, LLONG_MAX, &v[6]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 7), INT8_MIN, INT8_MAX, &v[7]) < 0 ||
+            int_field(PyTuple_GET_ITEM(r, 9), 0, UINT8_MAX, &v[9]) < 0)
+            break;
+        PyObject *val = PyTuple_GET_ITEM(r, 8);
+        double d;
+        if (PyFloat_CheckExact(val)) {
+            d = PyFloat_AS_DOUBLE(val);
+        } else if (PyLong_CheckExact(val)) {
+            d = PyLong_AsDouble(val);
+            if (d == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                break;
+            }
+        } else {
+            break;
+        }
+        PyObject *nm = PyTuple_GET_ITEM(r, 3);
+        if (!PyUnicode_CheckExact(nm)) break;
+        PyObject *id = PyDict_GetItemWithError(ids, nm);
+        long long name_id;
+        if (id == NULL) {
+            if (PyErr_Occurred()) goto done;
+            Py_ssize_t k = PyList_GET_SIZE(names);
+            PyObject *kid = PyLong_FromSsize_t(k);
+            if (kid == NULL) goto done;
+            int bad = PyDict_SetItem(ids, nm, kid) < 0 || PyList_Append(names, nm) < 0;
+            Py_DECREF(kid);
+            if (bad) goto done;
+            name_id = k;
+        } else if (int_field(id, INT32_MIN, INT32_MAX, &name_id) < 0) {
+            break;
+        }
+        if (len == 12 && pair_delta(PyTuple_GET_ITEM(r, 10), PyTuple_GET_ITEM(r, 11), &memo,
+                                    &cpu[j], &cpu_ok[j], &runq[j], &runq_ok[j]) < 0)
+            break;
+        step[j] = (int32_t)v[0];
+        micro[j] = (int16_t)v[1];
+        kind[j] = (int8_t)v[2];
+        name[j] = (int32_t)name_id;
+        start[j] = v[4];
+        end[j] = v[5];
+        nbytes[j] = v[6];
+        dtype[j] = (int8_t)v[7];
+        value[j] = d;
+        flags[j] = (uint8_t)v[9];
+        ok = 1;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    for (int i = 0; i < 14; i++) PyBuffer_Release(&view[i]);
     return result;
 }

@@ -65,6 +65,10 @@ static PyMethodDef module_methods[] = {
      "deltas_into(pairs, cpu, runq, cpu_ok, runq_ok) -> bool: the CPU time and run-queue wait "
      "between each pair of readings, into the four columns (hvtrace.record.cpustat."
      "deltas_columns); False where a reading is not one it reads (the Python twin decides)."},
+    {"rows_into", rows_into, METH_VARARGS,
+     "rows_into(rows, name_ids, names, *columns) -> bool: the writer's fourteen columns of a "
+     "batch's rows (hvtrace.record.writer.BatchEncoder._row_columns); False where a row is not "
+     "one it reads (the Python form decides)."},
     {NULL},
 };
 
