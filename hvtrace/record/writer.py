@@ -263,12 +263,8 @@ class BatchEncoder:
         its enqueue and end at its handle's first observed completion, else at the
         synchronize's end (as :func:`~hvtrace.record.rows.expand`); no counters."""
         total = int(sizes.sum())
-
-        n_calls = sum(len(e.enqueued) for e in syncs)
-        call_ends = rows_mod.call_ends
-        start = np.fromiter((s for e in syncs for s, _, _ in e.enqueued), np.int64, n_calls)
-        stop = np.fromiter((t for e in syncs for t in call_ends(e)), np.int64, n_calls)
-        if n_calls != total:  # grouped allreduces: several tensors per call
+        start, stop = _call_times(syncs)
+        if len(start) != total:  # grouped allreduces: several tensors per call
             counts = np.concatenate([t[0] for t in tensors])
             start, stop = np.repeat(start, counts), np.repeat(stop, counts)
 
@@ -293,6 +289,30 @@ class BatchEncoder:
             unmeasured,
             unmeasured,
         ]
+
+
+def _call_times(syncs: list[rows_mod.Allreduces]) -> tuple[np.ndarray, np.ndarray]:
+    """The start and end tokens (int64) of every enqueued call of ``syncs``, one synchronize
+    after another: each call ends at its handle's first observed completion, else at the
+    synchronize's end (:func:`~hvtrace.record.rows.call_ends`). In one pass of C
+    (``hvtrace.record._hot.syncs_into``) where the compiled hot path is built and on, else (or
+    for entries it does not take) :func:`_call_times_py`: the same columns."""
+    into = getattr(hot_module(), "syncs_into", None)
+    if into is not None and type(syncs) is list:
+        n_calls = sum(len(e.enqueued) for e in syncs)
+        start, stop = np.empty(n_calls, np.int64), np.empty(n_calls, np.int64)
+        if into(syncs, start, stop):
+            return start, stop
+    return _call_times_py(syncs)
+
+
+def _call_times_py(syncs: list[rows_mod.Allreduces]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_call_times`'s Python form."""
+    n_calls = sum(len(e.enqueued) for e in syncs)
+    call_ends = rows_mod.call_ends
+    start = np.fromiter((s for e in syncs for s, _, _ in e.enqueued), np.int64, n_calls)
+    stop = np.fromiter((t for e in syncs for t in call_ends(e)), np.int64, n_calls)
+    return start, stop
 
 
 def _interleave(

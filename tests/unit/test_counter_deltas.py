@@ -14,6 +14,7 @@ import pytest
 
 from hvtrace.record import cpustat, writer
 from hvtrace.record.native import hot_module
+from hvtrace.record.rows import Allreduces
 from hvtrace.record.writer import BatchEncoder
 
 JUNK = [b"1 2", b"1 x 3\n", b" 4  5\t6 ", b"-1 2 3", "7 8 9", b"", b"1 99999999999999999999 3",
@@ -146,4 +147,55 @@ def test_the_compiled_row_columns_are_the_python_forms(monkeypatch, junk: bool) 
         if hot_module().rows_into(rows, {}, [], *cols):
             compiled += 1
     # the compiled form answered every batch the recorder makes, not the Python form
+    assert compiled == 300 if not junk else compiled > 30
+
+
+def _syncs(rng: random.Random, n: int, junk: bool) -> list:
+    """Synchronizes as the hot path records them: calls enqueued (their handles as Horovod
+    returns them, alone or with a context), completions observed for some (a handle seen twice:
+    its first), the others ending at the synchronize's end; and (``junk``) anything else."""
+    out = []
+    for s in range(n):
+        t, calls, done = 10**15 + s * 10**7, [], []
+        for k in range(rng.randrange(0, 6)):
+            h = s * 100 + k
+            calls.append((t + k, ("key", k), (h, None) if rng.random() < 0.5 else h))
+            for _ in range(rng.choice([0, 1, 1, 2])):
+                done.append((h, t + 1000 + rng.randrange(10**6)))
+        rng.shuffle(done)
+        e = Allreduces(s, 0, 0, calls, done, t + 9 * 10**6, {})
+        if junk and rng.random() < 0.2:
+            bad = rng.choice(["token", "end", "handle", "call"])
+            if bad == "token" and calls:
+                calls[0] = (1.5, *calls[0][1:])
+            elif bad == "end":
+                e = e._replace(end=None)
+            elif bad == "handle":
+                done.append(([1], 5))
+            elif calls:
+                calls[-1] = calls[-1][:2]
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["syncs", "junk"])
+def test_the_compiled_call_times_are_the_python_forms(monkeypatch, junk: bool) -> None:
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    if hot_module() is None or not hasattr(hot_module(), "syncs_into"):
+        pytest.skip("the compiled hot path is not built here")
+    rng = random.Random(8 if junk else 9)
+    compiled = 0
+    for case in range(300):
+        syncs = _syncs(rng, rng.randrange(0, 6), junk)
+        try:
+            want = writer._call_times_py(syncs)
+        except (TypeError, ValueError, IndexError, OverflowError) as exc:
+            with pytest.raises(type(exc)):
+                writer._call_times(syncs)
+            continue
+        got = writer._call_times(syncs)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), case
+        n = len(want[0])
+        if hot_module().syncs_into(syncs, np.empty(n, np.int64), np.empty(n, np.int64)):
+            compiled += 1
     assert compiled == 300 if not junk else compiled > 30

@@ -263,3 +263,64 @@ done:
     for (int i = 0; i < 14; i++) PyBuffer_Release(&view[i]);
     return result;
 }
+
+/* syncs_into(syncs, start, stop) -> bool: the start and end token (host ns) of every enqueued
+ * allreduce call of ``syncs`` (hvtrace.record.rows.Allreduces, one after another), as the
+ * writer's Python form makes them (writer.BatchEncoder._call_times_py): a call ends at its
+ * handle's first observed completion (rows.call_ends), else at its synchronize's end. The two
+ * columns: int64, as long as the calls. False where a token or entry is not one this reads. */
+static PyObject *syncs_into(PyObject *module, PyObject *args) {
+    PyObject *syncs, *cols[2];
+    if (!PyArg_ParseTuple(args, "O!OO:syncs_into", &PyList_Type, &syncs, &cols[0], &cols[1]))
+        return NULL;
+    Py_ssize_t calls = 0, n = PyList_GET_SIZE(syncs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(syncs, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 7 ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(e, 3)) ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(e, 4)))
+            Py_RETURN_FALSE;
+        calls += PyList_GET_SIZE(PyTuple_GET_ITEM(e, 3));
+    }
+    Py_buffer view[2];
+    const Py_ssize_t size[2] = {8, 8};
+    if (get_columns(cols, view, size, 2, calls) < 0) return NULL;
+    int64_t *start = view[0].buf, *stop = view[1].buf;
+    PyObject *ends = PyDict_New();
+    int ok = ends != NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        PyObject *e = PyList_GET_ITEM(syncs, i);
+        PyObject *enq = PyTuple_GET_ITEM(e, 3), *done = PyTuple_GET_ITEM(e, 4);
+        PyObject *end = PyTuple_GET_ITEM(e, 5);
+        PyDict_Clear(ends);
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(done) && ok; j++) {
+            PyObject *d = PyList_GET_ITEM(done, j);
+            ok = PyTuple_CheckExact(d) && PyTuple_GET_SIZE(d) == 2 &&
+                 PyDict_SetDefault(ends, PyTuple_GET_ITEM(d, 0), PyTuple_GET_ITEM(d, 1)) != NULL;
+        }
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(enq) && ok; j++, k++) {
+            PyObject *c = PyList_GET_ITEM(enq, j);
+            long long t0, t1;
+            ok = 0;
+            if (!PyTuple_CheckExact(c) || PyTuple_GET_SIZE(c) != 3) break;
+            PyObject *h = PyTuple_GET_ITEM(c, 2);
+            if (PyTuple_CheckExact(h)) {
+                if (PyTuple_GET_SIZE(h) < 1) break;
+                h = PyTuple_GET_ITEM(h, 0);
+            }
+            PyObject *t = PyDict_GetItemWithError(ends, h);
+            if (t == NULL && PyErr_Occurred()) break;
+            if (int_field(PyTuple_GET_ITEM(c, 0), LLONG_MIN, LLONG_MAX, &t0) < 0 ||
+                int_field(t != NULL ? t : end, LLONG_MIN, LLONG_MAX, &t1) < 0)
+                break;
+            start[k] = t0;
+            stop[k] = t1;
+            ok = 1;
+        }
+    }
+    if (PyErr_Occurred()) PyErr_Clear(); /* an unhashable handle: the Python form raises it */
+    Py_XDECREF(ends);
+    for (int i = 0; i < 2; i++) PyBuffer_Release(&view[i]);
+    return PyBool_FromLong(ok);
+}

@@ -69,6 +69,10 @@ static PyMethodDef module_methods[] = {
      "rows_into(rows, name_ids, names, *columns) -> bool: the writer's fourteen columns of a "
      "batch's rows (hvtrace.record.writer.BatchEncoder._row_columns); False where a row is not "
      "one it reads (the Python form decides)."},
+    {"syncs_into", syncs_into, METH_VARARGS,
+     "syncs_into(syncs, start, stop) -> bool: the start and end tokens of every allreduce call "
+     "of a batch's synchronizes (hvtrace.record.writer.BatchEncoder._call_times); False where "
+     "one is not what it reads (the Python form decides)."},
     {NULL},
 };
 
