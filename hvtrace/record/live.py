@@ -72,6 +72,7 @@ from hvtrace.format.schema import (
 )
 from hvtrace.format.status import live_line
 from hvtrace.record.cpustat import deltas_columns
+from hvtrace.record.native import hot_module
 from hvtrace.record.rows import CPU_END, CPU_START, UNREAD, Allreduces
 
 log = logging.getLogger("hvtrace")
@@ -128,7 +129,20 @@ def step_matrix(window: list[list], offset_ns: int) -> np.ndarray:
     Runs on the live thread, holding the GIL the training thread needs: one pass of plain
     Python over the entries picks the phase rows; their durations and counters (the writer's
     :func:`~hvtrace.record.cpustat.deltas_columns`, each schedstat line parsed once) are then
-    summed per step and phase with numpy."""
+    summed per step and phase with numpy. In one pass of C (``hvtrace.record._hot.window_into``)
+    where the compiled hot path is built and on, else (or for entries it does not take)
+    :func:`_step_matrix_py`: the same matrix."""
+    into = getattr(hot_module(), "window_into", None)
+    if into is not None and type(window) is list:
+        out = np.full((len(window), N_COLS), np.nan)
+        if into(window, out, _CODE, _K_FORWARD, _K_BACKWARD, Allreduces, int(offset_ns),
+                _ARRIVAL, _COUNT):  # fmt: skip
+            return out
+    return _step_matrix_py(window, offset_ns)
+
+
+def _step_matrix_py(window: list[list], offset_ns: int) -> np.ndarray:
+    """:func:`step_matrix`'s Python form."""
     out = np.full((len(window), N_COLS), np.nan)
     code = _CODE
     steps: list[int] = []  # per phase row: its step's index in the window

@@ -199,3 +199,62 @@ def test_the_compiled_call_times_are_the_python_forms(monkeypatch, junk: bool) -
         if hot_module().syncs_into(syncs, np.empty(n, np.int64), np.empty(n, np.int64)):
             compiled += 1
     assert compiled == 300 if not junk else compiled > 30
+
+
+def _window(rng: random.Random, n: int, junk: bool) -> list:
+    """A live window's steps as the tracer hands them over: phase rows (some without readings),
+    a scalar, a synchronize's allreduces (tensors grouped or not, one missing from ``meta``),
+    collectives outside the optimizer counted; and (``junk``) anything else."""
+    from hvtrace.format.schema import KIND_CODE
+
+    kinds = ["input", "forward", "backward", "wait", "update", "step", "scalar", "forward"]
+    out = []
+    readings = _readings(rng, 12 * n + 2, False)
+    for s in range(n):
+        t, rows = 10**15 + s * 10**7, []
+        for p, k in enumerate(kinds[: rng.randrange(0, len(kinds) + 1)]):
+            row = (s, 0, KIND_CODE[k], k, t + p, t + p + rng.randrange(10**6), 0, 0, math.nan, 0)
+            if rng.random() < 0.8:
+                row += (readings[12 * s + p], readings[12 * s + p + 1])
+            rows.append(row)
+        if rng.random() < 0.8:
+            meta = {("key", k): (["w"] * (1 + k % 3), [4], [1]) for k in range(4)}
+            calls = [(t + 50 + k, ("key", k), k) for k in range(rng.randrange(0, 6))]
+            rows.append(Allreduces(s, 0, 0, calls, [], t + 10**6, meta))
+        if junk and rows and rng.random() < 0.2:
+            i = rng.randrange(len(rows))
+            r = rows[i]
+            rows[i] = rng.choice([r[:11] if type(r) is tuple else None, (1.5, *r[1:]), "x", (r,)])
+        entry = (rows, rng.randrange(1, 4)) if rng.random() < 0.3 else rows
+        if junk and rng.random() < 0.05:
+            entry = (rows, 2.5)
+        out.append(entry)
+    return out
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["windows", "junk"])
+def test_the_compiled_window_matrix_is_the_python_forms(monkeypatch, junk: bool) -> None:
+    from hvtrace.record import live
+
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    if hot_module() is None or not hasattr(hot_module(), "window_into"):
+        pytest.skip("the compiled hot path is not built here")
+    rng = random.Random(12 if junk else 13)
+    compiled = 0
+    for case in range(300):
+        window = _window(rng, rng.randrange(0, 8), junk)
+        offset = rng.choice([0, 10**15 - 7])
+        try:
+            want = live._step_matrix_py(window, offset)
+        except (TypeError, ValueError, IndexError, OverflowError, AttributeError) as exc:
+            with pytest.raises(type(exc)):
+                live.step_matrix(window, offset)
+            continue
+        got = live.step_matrix(window, offset)
+        assert np.array_equal(got, want, equal_nan=True), case
+        out = np.full(want.shape, np.nan)
+        if hot_module().window_into(window, out, live._CODE, live._K_FORWARD,
+                                    live._K_BACKWARD, Allreduces, offset, live._ARRIVAL,
+                                    live._COUNT):  # fmt: skip
+            compiled += 1
+    assert compiled == 300 if not junk else compiled > 30

@@ -1,9 +1,11 @@
-/* hvtrace/record/_hot/deltas.c: deltas_into, the counters' deltas of a batch of readings, and
- * rows_into, the writer's columns of a batch of rows (those deltas among them). Part
+/* hvtrace/record/_hot/deltas.c: deltas_into, the counters' deltas of a batch of readings;
+ * rows_into and syncs_into, the writer's columns of a batch's rows and allreduce calls; and
+ * window_into, the live thread's matrix of a window's steps (those deltas among them). Part
  * of hvtrace/record/_hot.c (included there before module.c); not compiled alone.
  * Python twins: hvtrace.record.cpustat._deltas_py (chosen between them by
- * hvtrace.record.cpustat.deltas_columns) and hvtrace.record.writer.BatchEncoder._row_columns_py
- * (by BatchEncoder._row_columns).
+ * hvtrace.record.cpustat.deltas_columns), hvtrace.record.writer.BatchEncoder._row_columns_py
+ * (by BatchEncoder._row_columns), writer._call_times_py (by writer._call_times) and
+ * hvtrace.record.live._step_matrix_py (by live.step_matrix).
  *
  * Off the hot path, but on a thread of the training process holding the GIL: the writer thread
  * (each flush's rows) and the live thread (each chunk of steps) both turn every phase row's two
@@ -322,5 +324,166 @@ static PyObject *syncs_into(PyObject *module, PyObject *args) {
     if (PyErr_Occurred()) PyErr_Clear(); /* an unhashable handle: the Python form raises it */
     Py_XDECREF(ends);
     for (int i = 0; i < 2; i++) PyBuffer_Release(&view[i]);
+    return PyBool_FromLong(ok);
+}
+
+/* A count or step number of a window row into ``*v`` (a double, as the matrix holds it): 0, or
+ * -1 where it is not an int. */
+static int as_double(PyObject *o, double *v) {
+    if (!PyLong_CheckExact(o)) return -1;
+    *v = PyLong_AsDouble(o);
+    if (*v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* Add ``v`` to a matrix cell that is NaN until a value reaches it. */
+static inline void cell_add(double *cell, double v) {
+    if (isnan(*cell)) *cell = 0.0;
+    *cell += v;
+}
+
+/* window_into(window, out, codes, k_forward, k_backward, allreduces, offset_ns,
+ * arrival_col, count_col) -> bool: a live window's per-step matrix (hvtrace.record.live.
+ * step_matrix) into ``out`` (float64, len(window) x columns, C-contiguous, all NaN), as its
+ * Python form (live._step_matrix_py) makes it: per step, its phase rows' durations, CPU time and
+ * run-queue wait summed per phase (``codes``: a dict, kind code -> phase index; a phase's three
+ * columns from 1 + 3 x index), its step number, its last allreduce enqueue (on rank 0's clock:
+ * less ``offset_ns``) and its counts (allreduced tensors, collectives outside the optimizer,
+ * forward and backward passes). False where an entry is not one this reads (``out`` is then
+ * left part-filled: the caller runs the Python form on a new one). */
+static PyObject *window_into(PyObject *module, PyObject *args) {
+    PyObject *window, *out, *codes, *ar_type;
+    long long k_fwd, k_bwd, offset;
+    Py_ssize_t arrival_col, count_col;
+    if (!PyArg_ParseTuple(args, "O!OO!LLOLnn:window_into", &PyList_Type, &window, &out,
+                          &PyDict_Type, &codes, &k_fwd, &k_bwd, &ar_type, &offset, &arrival_col,
+                          &count_col))
+        return NULL;
+    if (!PyType_Check(ar_type)) {
+        PyErr_SetString(PyExc_TypeError, "window_into: allreduces must be a type");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(window);
+    Py_buffer view;
+    if (PyObject_GetBuffer(out, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    Py_ssize_t ncols = n ? view.len / (Py_ssize_t)sizeof(double) / n : 0;
+    if (view.itemsize != sizeof(double) || (view.format && strcmp(view.format, "d") != 0) ||
+        view.len != n * ncols * (Py_ssize_t)sizeof(double) || (n && (count_col + 4 > ncols ||
+        arrival_col >= ncols))) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "window_into: the matrix has the wrong shape");
+        return NULL;
+    }
+    double *m = view.buf;
+    LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        double *row = m + i * ncols;
+        PyObject *rows = PyList_GET_ITEM(window, i), *n_coll_obj = NULL;
+        if (PyTuple_CheckExact(rows)) {
+            if (PyTuple_GET_SIZE(rows) != 2) {
+                ok = 0;
+                break;
+            }
+            n_coll_obj = PyTuple_GET_ITEM(rows, 1);
+            rows = PyTuple_GET_ITEM(rows, 0);
+        }
+        if (!PyList_CheckExact(rows)) {
+            ok = 0;
+            break;
+        }
+        double n_coll = 0.0;
+        if (n_coll_obj != NULL && as_double(n_coll_obj, &n_coll) < 0) {
+            ok = 0;
+            break;
+        }
+        long long arrival = -1, n_ar = 0, n_fwd = 0, n_bwd = 0;
+        Py_ssize_t len = PyList_GET_SIZE(rows);
+        for (Py_ssize_t k = 0; k < len && ok; k++) {
+            PyObject *e = PyList_GET_ITEM(rows, k);
+            if (PyTuple_CheckExact(e)) {
+                Py_ssize_t el = PyTuple_GET_SIZE(e);
+                ok = 0;
+                if (el < 3) break;
+                PyObject *j_obj = PyDict_GetItemWithError(codes, PyTuple_GET_ITEM(e, 2));
+                if (j_obj == NULL) {
+                    if (PyErr_Occurred()) break;
+                    ok = 1;
+                    continue;
+                }
+                long long kind, j, t0, t1, dur;
+                double step;
+                if (el != 10 && el < 12) break;
+                if (int_field(PyTuple_GET_ITEM(e, 2), LLONG_MIN, LLONG_MAX, &kind) < 0 ||
+                    int_field(j_obj, 0, (ncols - 4) / 3, &j) < 0 || 3 + 3 * j >= ncols ||
+                    int_field(PyTuple_GET_ITEM(e, 4), LLONG_MIN, LLONG_MAX, &t0) < 0 ||
+                    int_field(PyTuple_GET_ITEM(e, 5), LLONG_MIN, LLONG_MAX, &t1) < 0 ||
+                    __builtin_sub_overflow(t1, t0, &dur) ||
+                    as_double(PyTuple_GET_ITEM(e, 0), &step) < 0)
+                    break;
+                long long cpu = 0, runq = 0;
+                char cpu_ok = 0, runq_ok = 0;
+                if (el >= 12 && pair_delta(PyTuple_GET_ITEM(e, 10), PyTuple_GET_ITEM(e, 11),
+                                           &memo, &cpu, &cpu_ok, &runq, &runq_ok) < 0)
+                    break;
+                if (kind == k_fwd) n_fwd++;
+                else if (kind == k_bwd) n_bwd++;
+                cell_add(&row[1 + 3 * j], (double)dur);
+                if (cpu_ok) cell_add(&row[2 + 3 * j], (double)cpu);
+                if (runq_ok) cell_add(&row[3 + 3 * j], (double)runq);
+                row[0] = step;
+                ok = 1;
+            } else if (PyObject_TypeCheck(e, (PyTypeObject *)ar_type)) {
+                ok = 0;
+                if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 7) break;
+                PyObject *enq = PyTuple_GET_ITEM(e, 3), *meta = PyTuple_GET_ITEM(e, 6);
+                if (!PyList_CheckExact(enq) || !PyDict_CheckExact(meta)) break;
+                Py_ssize_t c = 0, nc = PyList_GET_SIZE(enq);
+                for (; c < nc; c++) {
+                    PyObject *call = PyList_GET_ITEM(enq, c);
+                    if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 3) break;
+                    PyObject *t = PyTuple_GET_ITEM(call, 0);
+                    long long tv;
+                    if (PyLong_CheckExact(t)) {
+                        if (int_field(t, LLONG_MIN, LLONG_MAX, &tv) < 0) break;
+                        if (tv > arrival) arrival = tv;
+                    }
+                    PyObject *info = PyDict_GetItemWithError(meta, PyTuple_GET_ITEM(call, 1));
+                    if (info == NULL) {
+                        if (PyErr_Occurred()) break;
+                        n_ar += 1;
+                        continue;
+                    }
+                    if (!PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) < 1) break;
+                    Py_ssize_t names = PyObject_Length(PyTuple_GET_ITEM(info, 0));
+                    if (names < 0) break;
+                    n_ar += names;
+                }
+                if (c < nc) break;
+                ok = 1;
+            }
+        }
+        if (!ok) break;
+        if (len) {
+            row[count_col] = (double)n_ar;
+            row[count_col + 1] = n_coll;
+            row[count_col + 2] = (double)n_fwd;
+            row[count_col + 3] = (double)n_bwd;
+        }
+        long long a;
+        if (arrival >= 0) {
+            if (__builtin_sub_overflow(arrival, offset, &a)) {
+                ok = 0;
+                break;
+            }
+            row[arrival_col] = (double)a;
+        }
+    }
+    if (PyErr_Occurred()) PyErr_Clear(); /* the Python form raises what it raises */
+    PyBuffer_Release(&view);
     return PyBool_FromLong(ok);
 }

@@ -73,6 +73,10 @@ static PyMethodDef module_methods[] = {
      "syncs_into(syncs, start, stop) -> bool: the start and end tokens of every allreduce call "
      "of a batch's synchronizes (hvtrace.record.writer.BatchEncoder._call_times); False where "
      "one is not what it reads (the Python form decides)."},
+    {"window_into", window_into, METH_VARARGS,
+     "window_into(window, out, codes, k_forward, k_backward, allreduces, offset_ns, arrival_col, "
+     "count_col) -> bool: a live window's per-step matrix (hvtrace.record.live.step_matrix); "
+     "False where an entry is not one it reads (the Python form decides)."},
     {NULL},
 };
 
