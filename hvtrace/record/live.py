@@ -462,8 +462,8 @@ class LiveMonitor:
 
     def _agree_length(self) -> None:
         """Lengthen the windows of short steps to ``window_s`` seconds (the judge's fixed cost,
-        about 30 ms of CPU a window, is then a share of a CPU no larger than at steps of 50
-        ms; a window of 100 steps of 3 ms cost 10 % of one). Rank 0's mean step over the
+        30-200 ms of CPU a window, whatever its steps, is then a share of a CPU no larger than
+        at steps of 50 ms; bench/README.md). Rank 0's mean step over the
         window that just ended is broadcast (one number, on the training thread, at the same
         step on every rank: the windows stay the same steps everywhere) and every rank sets
         the next windows' length from it (:func:`window_steps`) and the steps it hands over at
