@@ -207,8 +207,10 @@ class BatchEncoder:
         into = getattr(hot_module(), "rows_into", None)
         if into is not None and type(rows) is list:
             n = len(rows)
-            cols = [np.empty(n, t) for t in _ROW_DTYPES]
-            cols[-4:] = [np.zeros(n, t) for t in _ROW_DTYPES[-4:]]  # set where measured
+            # the counters' four columns are set only where measured: zeroed
+            cols = [
+                (np.empty if i < BASE_LEN else np.zeros)(n, t) for i, t in enumerate(_ROW_DTYPES)
+            ]
             if into(rows, self._name_ids, self._names, *cols):
                 return cols
         return self._row_columns_py(rows)

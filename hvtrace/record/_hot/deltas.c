@@ -18,6 +18,10 @@
  * decides what such a reading means (or raises), so both forms give the same columns or error.
  */
 
+static inline int is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
 /* The run-queue wait (the second field) of a schedstat line, or -1 where it is not
  * ``digits digits digits`` with ASCII white space around (what the kernel writes). */
 static long long schedstat_runq(PyObject *raw) {
@@ -26,9 +30,7 @@ static long long schedstat_runq(PyObject *raw) {
     long long field[3];
     int k = 0;
     while (1) {
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '\v' ||
-                           *p == '\f'))
-            p++;
+        while (p < end && is_space(*p)) p++;
         if (p == end) break;
         if (k == 3 || *p < '0' || *p > '9') return -1;
         long long v = 0;
@@ -36,12 +38,34 @@ static long long schedstat_runq(PyObject *raw) {
             if (v > (LLONG_MAX - 9) / 10) return -1;
             v = v * 10 + (*p++ - '0');
         }
-        if (p < end && !(*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '\v' ||
-                         *p == '\f'))
-            return -1;
+        if (p < end && !is_space(*p)) return -1;
         field[k++] = v;
     }
     return k == 3 ? field[1] : -1;
+}
+
+/* An int field of a row into ``*v`` within [lo, hi]: 0, or -1 where it is not an int there. */
+static int int_field(PyObject *o, long long lo, long long hi, long long *v) {
+    if (!PyLong_CheckExact(o)) return -1;
+    int overflow = 0;
+    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (*v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (*v < lo || *v > hi) ? -1 : 0;
+}
+
+/* An int into ``*v`` as a double (as numpy converts one: a value, a step number or count of a
+ * window row): 0, or -1 where it is not an int (or too large for a double). */
+static int as_double(PyObject *o, double *v) {
+    if (!PyLong_CheckExact(o)) return -1;
+    *v = PyLong_AsDouble(o);
+    if (*v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
 }
 
 /* One reading's CPU clock (1) and its line (NULL: none), 0 where it is None, -1 otherwise. */
@@ -54,21 +78,14 @@ static int reading_parts(PyObject *r, long long *cpu, PyObject **line) {
         c = PyTuple_GET_ITEM(r, 0);
         *line = PyTuple_GET_ITEM(r, 1);
     }
-    if (!PyLong_CheckExact(c)) return -1;
-    int overflow = 0;
-    *cpu = PyLong_AsLongLongAndOverflow(c, &overflow);
-    if (overflow || (*cpu == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return -1;
-    }
-    return 1;
+    return int_field(c, LLONG_MIN, LLONG_MAX, cpu) < 0 ? -1 : 1;
 }
 
 static int writable(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n) {
     if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (view->itemsize != itemsize || view->len != itemsize * n) {
         PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "deltas_into: a column has the wrong size");
+        PyErr_SetString(PyExc_ValueError, "a column has the wrong size");
         return -1;
     }
     return 0;
@@ -157,18 +174,6 @@ static PyObject *deltas_into(PyObject *module, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
-/* An int field of a row into ``*v`` within [lo, hi]: 0, or -1 where it is not an int there. */
-static int int_field(PyObject *o, long long lo, long long hi, long long *v) {
-    if (!PyLong_CheckExact(o)) return -1;
-    int overflow = 0;
-    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || (*v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return -1;
-    }
-    return (*v < lo || *v > hi) ? -1 : 0;
-}
-
 /* rows_into(rows, name_ids, names, step, micro, kind, name, start, end, nbytes, dtype, value,
  * flags, cpu, runq, cpu_ok, runq_ok) -> bool: the writer's columns of a batch's rows (tuples,
  * hvtrace.record.rows: ten fields, or twelve with the readings), as its Python form
@@ -218,17 +223,10 @@ static PyObject *rows_into(PyObject *module, PyObject *args) {
             break;
         PyObject *val = PyTuple_GET_ITEM(r, 8);
         double d;
-        if (PyFloat_CheckExact(val)) {
+        if (PyFloat_CheckExact(val))
             d = PyFloat_AS_DOUBLE(val);
-        } else if (PyLong_CheckExact(val)) {
-            d = PyLong_AsDouble(val);
-            if (d == -1.0 && PyErr_Occurred()) {
-                PyErr_Clear();
-                break;
-            }
-        } else {
+        else if (as_double(val, &d) < 0)
             break;
-        }
         PyObject *nm = PyTuple_GET_ITEM(r, 3);
         if (!PyUnicode_CheckExact(nm)) break;
         PyObject *id = PyDict_GetItemWithError(ids, nm);
@@ -325,18 +323,6 @@ static PyObject *syncs_into(PyObject *module, PyObject *args) {
     Py_XDECREF(ends);
     for (int i = 0; i < 2; i++) PyBuffer_Release(&view[i]);
     return PyBool_FromLong(ok);
-}
-
-/* A count or step number of a window row into ``*v`` (a double, as the matrix holds it): 0, or
- * -1 where it is not an int. */
-static int as_double(PyObject *o, double *v) {
-    if (!PyLong_CheckExact(o)) return -1;
-    *v = PyLong_AsDouble(o);
-    if (*v == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return -1;
-    }
-    return 0;
 }
 
 /* Add ``v`` to a matrix cell that is NaN until a value reaches it. */
