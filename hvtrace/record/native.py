@@ -18,6 +18,10 @@ try:
     from hvtrace.record import _hot
 except ImportError:  # not built here (no C/C++ compiler at install time)
     _hot = None
+if _hot is not None and getattr(_hot, "__file__", None) is None:
+    # not built, in a source tree: the C sources' folder (``_hot/``) imports as a namespace
+    # package, with none of the extension's types
+    _hot = None
 
 
 def hot_module() -> Any:
