@@ -22,13 +22,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from hvtrace.analysis.lockstep import COUNTS as LOCKSTEP_COUNTS
 from hvtrace.analysis.lockstep import describe, lone_forwards, sequence_break
 from hvtrace.analysis.steps import PHASES as STEP_PHASES
 from hvtrace.analysis.steps import finish_steps, step_summary
@@ -38,6 +36,7 @@ from hvtrace.analysis.stragglers import (
     host_contention,
     straggler_table,
 )
+from hvtrace.format.lockstep_counts import COUNTS_FRAME_COLS, counts_agree
 from hvtrace.format.schema import (
     LIVE_ARRIVAL_COL,
     LIVE_COLS,
@@ -56,40 +55,34 @@ def step_frame(gathered: np.ndarray, size: int) -> Any:
     """The step table (as :func:`hvtrace.analysis.steps.finish_steps` makes it) of the gathered
     matrices: ``gathered`` is every rank's :func:`step_matrix`, stacked in rank order."""
     per = gathered.reshape(size, -1, N_COLS)
-    n = per.shape[1]
+    flat = per.reshape(-1, N_COLS)
+    step_at = 1 + 3 * PHASES.index("step")
+    keep = np.isfinite(flat[:, 0]) & np.isfinite(flat[:, step_at])
+    rows = flat[keep]  # the steps a rank recorded, in numpy (a window's frame is small: pandas'
+    # per-column work was most of its cost)
     cols: dict[str, Any] = {
-        "rank": np.repeat(np.arange(size), n),
-        "step": per[:, :, 0].ravel(),
+        "rank": np.repeat(np.arange(size), per.shape[1])[keep],
+        "step": rows[:, 0].astype(np.int64),
     }
     for j, p in enumerate(PHASES):
-        cols[f"{p}_ns"] = per[:, :, 1 + 3 * j].ravel()
-        cols[f"{p}_cpu_ns"] = per[:, :, 2 + 3 * j].ravel()
-        cols[f"{p}_runq_ns"] = per[:, :, 3 + 3 * j].ravel()
+        cols[f"{p}_ns"] = rows[:, 1 + 3 * j]
+        for k, which in ((2, "cpu"), (3, "runq")):
+            v = rows[:, k + 3 * j]
+            if not np.isnan(v).all():  # a counter no rank measured: no column
+                cols[f"{p}_{which}_ns"] = v
     for j, c in enumerate(LIVE_COUNTS):
-        cols[c] = per[:, :, LIVE_COUNT_COL + j].ravel()
-    df = pd.DataFrame(cols)
-    df = df[np.isfinite(df["step"]) & np.isfinite(df["step_ns"])].copy()
-    df["step"] = df["step"].astype(np.int64)
+        cols[c] = rows[:, LIVE_COUNT_COL + j]
     for p in STEP_PHASES:
-        df[f"{p}_ns"] = df[f"{p}_ns"].fillna(0)
-    df["model_ns"] = df["forward_ns"] + df["backward_ns"] + df["compute_ns"]
-    phase_sum = sum(df[f"{p}_ns"] for p in STEP_PHASES)
-    df["other_ns"] = (df["step_ns"] - phase_sum).clip(lower=0)
-    arrival = per[:, :, _ARRIVAL].ravel()[df.index.to_numpy()]
-    df["arrival_ns"] = pd.array(
-        np.where(np.isfinite(arrival), arrival, 0).astype(np.int64), dtype="Int64"
-    )
-    df.loc[~np.isfinite(arrival), "arrival_ns"] = pd.NA
-    df["has_step"] = True
-    for c in [c for c in df.columns if c.endswith(("_cpu_ns", "_runq_ns"))]:
-        if df[c].isna().all():
-            del df[c]
-    return finish_steps(df.reset_index(drop=True), size)
-
-
-#: The columns of the counts matrix (:data:`hvtrace.record.live.COUNTS_COLS`: taken from the
-#: window matrix), in order.
-COUNTS_FRAME_COLS = ("step", "backward_ns", "compute_ns", *LIVE_COUNTS)
+        cols[f"{p}_ns"] = np.where(np.isnan(cols[f"{p}_ns"]), 0.0, cols[f"{p}_ns"])
+    cols["model_ns"] = cols["forward_ns"] + cols["backward_ns"] + cols["compute_ns"]
+    phase_sum = sum(cols[f"{p}_ns"] for p in STEP_PHASES)
+    cols["other_ns"] = np.maximum(cols["step_ns"] - phase_sum, 0.0)
+    arrival = rows[:, _ARRIVAL]
+    seen = np.isfinite(arrival)
+    cols["arrival_ns"] = pd.arrays.IntegerArray(np.where(seen, arrival, 0).astype(np.int64), ~seen)
+    cols["has_step"] = np.ones(len(rows), dtype=bool)
+    df = pd.DataFrame(cols)
+    return finish_steps(df, size)
 
 
 def counts_frame(counts: np.ndarray, size: int) -> pd.DataFrame:
@@ -103,31 +96,6 @@ def counts_frame(counts: np.ndarray, size: int) -> pd.DataFrame:
     df["step"] = df["step"].astype(np.int64)
     df[["backward_ns", "compute_ns"]] = df[["backward_ns", "compute_ns"]].fillna(0)
     return df.drop_duplicates(["rank", "step"], keep="last").reset_index(drop=True)
-
-
-def counts_agree(m: np.ndarray, size: int, cols: Sequence[str] | None = None) -> bool:
-    """Whether a window's counts can hold no lockstep verdict, decided on the matrix itself
-    (the judge's pandas work, a quarter of its time a window, is skipped where it can find
-    nothing; the verdicts are the same, tested): every rank's rows hold the same steps in the
-    same places, with the same counts of gradient allreduces and of collectives outside the
-    optimizer, and no rank ran more forward passes than backward ones at any step. Then
-    :func:`~hvtrace.analysis.lockstep.sequence_break` finds no step whose counts differ and
-    :func:`~hvtrace.analysis.lockstep.lone_forwards` no step, whichever rows the step table
-    leaves out. ``m``: every rank's rows stacked in rank order, its columns ``cols``
-    (:data:`COUNTS_FRAME_COLS`), or a gathered window (None: :data:`N_COLS` columns)."""
-    if cols is None:
-        at = {"step": 0, **{c: LIVE_COUNT_COL + j for j, c in enumerate(LIVE_COUNTS)}}
-    else:
-        at = {c: j for j, c in enumerate(cols)}
-    per = m.reshape(size, -1, m.shape[1])
-    if size < 2 or not per.shape[1]:
-        return True
-    for c in ("step", *LOCKSTEP_COUNTS):
-        col = per[:, :, at[c]]
-        if not all(np.array_equal(col[0], col[r], equal_nan=True) for r in range(1, size)):
-            return False
-    fwd = np.nan_to_num(per[:, :, at["n_forward"]], nan=0.0)
-    return not (fwd > np.nan_to_num(per[:, :, at["n_backward"]], nan=0.0)).any()
 
 
 def lockstep_verdicts(st: pd.DataFrame, size: int) -> list[dict[str, Any]]:

@@ -33,12 +33,12 @@ import pandas as pd
 
 from hvtrace.analysis.framework import step_words
 from hvtrace.analysis.model import RankState
+from hvtrace.format.lockstep_counts import LOCKSTEP_COUNTS
 
 #: The step table's columns compared across ranks at each step, with what they count.
-COUNTS: dict[str, str] = {
-    "n_allreduce": "gradient allreduces",
-    "n_collective": "collectives outside the optimizer",
-}
+COUNTS: dict[str, str] = dict(
+    zip(LOCKSTEP_COUNTS, ("gradient allreduces", "collectives outside the optimizer"), strict=True)
+)
 
 
 def _ranks(rs: list[int]) -> str:

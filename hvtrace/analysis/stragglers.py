@@ -153,89 +153,146 @@ def median_of_others(m: np.ndarray) -> np.ndarray:
     return np.where(c_b > 0, out, np.nan)
 
 
-def phase_matrix(
-    steps: pd.DataFrame, users: pd.DataFrame | None = None, max_user_names: int = 16
-) -> pd.DataFrame:
-    """Return per (rank, step) the duration in ms of each candidate phase (wide table).
+def nanmedian(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """The median along ``axis`` of ``x``, NaN skipped (NaN where all are), as pandas' and
+    numpy's (the mean of the two middle values): one sort, no per-column Python (numpy's
+    ``nanmedian`` of small arrays with NaN goes through masked arrays, 100 times slower)."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, 0)
+    if not x.shape[0]:
+        return np.full(x.shape[1:], np.nan)
+    srt = np.sort(x, axis=0)  # NaN last
+    n = (~np.isnan(x)).sum(axis=0)
+    lo = np.take_along_axis(srt, np.maximum((n - 1) // 2, 0)[None], axis=0)[0]
+    hi = np.take_along_axis(srt, np.maximum(n // 2, 0)[None], axis=0)[0]
+    return np.where(n > 0, (lo + hi) / 2.0, np.nan)
 
-    Columns: the built-in :data:`WORK_PHASES` present in ``steps`` (phases that are zero
-    everywhere are dropped), then ``user:NAME`` for the ``max_user_names`` user spans with the
-    most total time (0 in steps without the span). Index: (rank, step) of ``steps``' rows.
-    """
-    idx = pd.MultiIndex.from_frame(steps[["rank", "step"]])
-    data = {}
+
+def _floats(col: pd.Series) -> np.ndarray:
+    """A column as float64, NaN where it is missing (NA)."""
+    return col.to_numpy(np.float64, na_value=np.nan)
+
+
+class StepGrid:
+    """The rows of a step table on a (step x rank) grid: a column of the table becomes an array
+    with one row per step (sorted) and one column per rank of ``ranks``, NaN where the rank has
+    no row for that step. Per-rank medians and per-step comparisons across ranks are then numpy
+    reductions over one axis (the pandas index work of a groupby and an unstack per column was
+    most of a live window's judging). A (rank, step) that occurs twice keeps its last row."""
+
+    def __init__(self, steps: pd.DataFrame, ranks: np.ndarray) -> None:
+        step = steps["step"].to_numpy(np.int64)
+        #: the steps of the grid's rows, sorted
+        self.steps = np.unique(step)
+        self.ranks = np.asarray(ranks)
+        self._si = np.searchsorted(self.steps, step)
+        self._ri = np.searchsorted(self.ranks, steps["rank"].to_numpy(np.int64))
+        self.shape = (len(self.steps), len(self.ranks))
+        #: where a rank has a row for a step
+        self.present = np.zeros(self.shape, dtype=bool)
+        self.present[self._si, self._ri] = True
+
+    def place(self, values: Any) -> np.ndarray:
+        """The grid of one column's ``values`` (in the table's row order), as float64."""
+        out = np.full(self.shape, np.nan)
+        out[self._si, self._ri] = np.asarray(values, dtype=np.float64)
+        return out
+
+    def sums(self, rank: Any, step: Any, values: Any) -> np.ndarray:
+        """The grid of ``values`` summed per (rank, step) of another table's rows: 0 where the
+        grid has a row but the table none, NaN where the grid has no row (rows of the table
+        outside the grid are left out)."""
+        rank = np.asarray(rank, dtype=np.int64)
+        step = np.asarray(step, dtype=np.int64)
+        si = np.minimum(np.searchsorted(self.steps, step), max(self.shape[0] - 1, 0))
+        ri = np.minimum(np.searchsorted(self.ranks, rank), max(self.shape[1] - 1, 0))
+        out = np.where(self.present, 0.0, np.nan)
+        if not (self.shape[0] and self.shape[1]):
+            return out
+        keep = (self.steps[si] == step) & (self.ranks[ri] == rank)
+        keep &= self.present[si, ri]
+        np.add.at(out, (si[keep], ri[keep]), np.asarray(values, dtype=np.float64)[keep])
+        return out
+
+
+@dataclass(frozen=True)
+class PhaseGrids:
+    """The candidate phases' evidence on a :class:`StepGrid`, each a (step x rank) array in ms.
+
+    ``phases``: the built-in :data:`WORK_PHASES` present (phases zero everywhere dropped), then
+    ``user:NAME`` for the user spans with the most total time. ``duration``: each phase's time
+    (a user span: 0 in a step without it); ``cpu`` / ``runq``: the training thread's CPU time
+    and run-queue wait in it, NaN where not measured (a user span measured somewhere: 0 in a step
+    without it)."""
+
+    phases: list[str]
+    duration: dict[str, np.ndarray]
+    cpu: dict[str, np.ndarray]
+    runq: dict[str, np.ndarray]
+
+
+def phase_grids(
+    steps: pd.DataFrame,
+    users: pd.DataFrame | None,
+    grid: StepGrid,
+    max_user_names: int = 16,
+) -> PhaseGrids:
+    """The :class:`PhaseGrids` of ``steps`` (the grid's table) and the user spans ``users``
+    (:func:`hvtrace.analysis.engine.user_table`) of its steps: the ``max_user_names`` names with
+    the most time in them."""
+    phases: list[str] = []
+    dur: dict[str, np.ndarray] = {}
+    cause: dict[str, dict[str, np.ndarray]] = {"cpu": {}, "runq": {}}
+    nan = np.full(grid.shape, np.nan)
     for p in WORK_PHASES:
         col = steps[f"{p}_ns"].to_numpy(dtype=np.float64) / 1e6
-        if np.nansum(np.abs(col)) > 0:
-            data[p] = col
-    out = pd.DataFrame(data, index=idx)
+        if not np.nansum(np.abs(col)) > 0:
+            continue
+        phases.append(p)
+        dur[p] = grid.place(col)
+        for which, out in cause.items():
+            c = f"{p}_{which}_ns"
+            out[p] = grid.place(steps[c].to_numpy(np.float64) / 1e6) if c in steps.columns else nan
     if users is not None and len(users):
-        u = users.merge(steps[["rank", "step"]], on=["rank", "step"], how="inner")
+        u_rank = users["rank"].to_numpy(np.int64)
+        u_step = users["step"].to_numpy(np.int64)
+        inside = np.zeros(len(users), dtype=bool)
+        if grid.shape[0] and grid.shape[1]:
+            si = np.minimum(np.searchsorted(grid.steps, u_step), grid.shape[0] - 1)
+            ri = np.minimum(np.searchsorted(grid.ranks, u_rank), grid.shape[1] - 1)
+            inside = (grid.steps[si] == u_step) & (grid.ranks[ri] == u_rank)
+            inside &= grid.present[si, ri]
+        u = users[inside]
         if len(u):
             top = u.groupby("name")["dur_ns"].sum().nlargest(max_user_names).index
-            u = u[u["name"].isin(top)]
-            wide = u.pivot_table(
-                index=["rank", "step"], columns="name", values="dur_ns", aggfunc="sum"
-            )
-            wide = wide.reindex(idx).fillna(0.0) / 1e6
-            wide.columns = [f"user:{c}" for c in wide.columns]
-            out = pd.concat([out, wide], axis=1)
-    return out
-
-
-def cause_matrix(
-    steps: pd.DataFrame, users: pd.DataFrame | None, columns: list[str], which: str
-) -> pd.DataFrame:
-    """Return per (rank, step) the ``which`` (``cpu`` or ``runq``) time in ms of each phase of
-    ``columns`` (the columns of :func:`phase_matrix`); NaN where it was not measured."""
-    idx = pd.MultiIndex.from_frame(steps[["rank", "step"]])
-    data = {}
-    for p in columns:
-        if p.startswith("user:"):
-            continue
-        col = f"{p}_{which}_ns"
-        if col in steps.columns:
-            data[p] = steps[col].to_numpy(dtype=np.float64) / 1e6
-        else:
-            data[p] = np.full(len(steps), np.nan)
-    out = pd.DataFrame(data, index=idx)
-    user_cols = [p for p in columns if p.startswith("user:")]
-    if user_cols:
-        col = f"{which}_ns"
-        if users is not None and len(users) and col in users.columns:
-            u = users[users["name"].isin([p.removeprefix("user:") for p in user_cols])]
-            u = u[u[col].notna()]  # pandas sums NaN to 0: keep only measured spans
-            wide = u.pivot_table(
-                index=["rank", "step"], columns="name", values=col, aggfunc="sum", dropna=False
-            )
-            wide.columns = [f"user:{c}" for c in wide.columns]
-            wide = wide.reindex(index=idx, columns=user_cols) / 1e6
-            # a step without the span: 0 ms of it (as in phase_matrix), when it was measured
-            measured = wide.notna().any(axis=0)
-            wide.loc[:, measured] = wide.loc[:, measured].fillna(0.0)
-            out = pd.concat([out, wide], axis=1)
-        else:
-            for p in user_cols:
-                out[p] = np.nan
-    return out[columns]
+            for name in sorted(str(n) for n in top):
+                mine = u[u["name"] == name]
+                p = f"user:{name}"
+                phases.append(p)
+                dur[p] = grid.sums(mine["rank"], mine["step"], mine["dur_ns"]) / 1e6
+                for which, out in cause.items():
+                    c = f"{which}_ns"
+                    got = mine[mine[c].notna()] if c in mine.columns else mine.iloc[:0]
+                    # pandas sums NaN to 0: only measured spans; a span measured nowhere: NaN
+                    out[p] = grid.sums(got["rank"], got["step"], got[c]) / 1e6 if len(got) else nan
+    return PhaseGrids(phases, dur, cause["cpu"], cause["runq"])
 
 
 def own_time(duration: Any, runq: Any) -> Any:
     """A phase's *own* time: its duration less its run-queue wait (missing or negative wait:
-    none), for numpy arrays or pandas Series alike. On a host short of CPU the wait is largely
-    the other ranks' doing (the rank that is behind waits for a CPU while its peers spin in
-    Horovod's wait); what is left is the rank's CPU time and blocked time.
+    none). On a host short of CPU the wait is largely the other ranks' doing (the rank that is
+    behind waits for a CPU while its peers spin in Horovod's wait); what is left is the rank's
+    CPU time and blocked time.
 
-    For a Series indexed by rank (and step): a rank whose wait was measured on some steps only
-    (short steps read the CPU counters on one step in k, ``$HVTRACE_COUNTERS_MS``) has no own
-    time (NaN) on its other steps, whose wait is unknown rather than none."""
-    if isinstance(runq, pd.Series):
-        own = duration - runq.fillna(0.0).clip(lower=0.0)
-        if "rank" in runq.index.names and runq.isna().any():
-            measured = runq.notna().groupby(level="rank").transform("any")
-            own = own.where(runq.notna() | ~measured)
-        return own
-    return duration - np.clip(np.nan_to_num(np.asarray(runq, np.float64), nan=0.0), 0.0, None)
+    For (step x rank) grids (:class:`StepGrid`; the last two axes): a rank whose wait was
+    measured on some steps only (short steps read the CPU counters on one step in k,
+    ``$HVTRACE_COUNTERS_MS``) has no own time (NaN) on its other steps, whose wait is unknown
+    rather than none."""
+    runq = np.asarray(runq, dtype=np.float64)
+    seen = ~np.isnan(runq)
+    own = np.asarray(duration, dtype=np.float64) - np.clip(np.where(seen, runq, 0.0), 0.0, None)
+    if runq.ndim >= 2:
+        own = np.where(seen | ~seen.any(axis=-2, keepdims=True), own, np.nan)
+    return own
 
 
 def split_cause(
@@ -298,10 +355,11 @@ def straggler_table(
     a = analyzed_steps(steps, skip_steps)
     ranks = np.sort(steps["rank"].unique())
     n_ranks = len(ranks)
-    n_steps = a.groupby("rank").size().reindex(ranks, fill_value=0)
+    grid = StepGrid(a, ranks)
+    n_steps = grid.present.sum(axis=0)
     base = pd.DataFrame({"rank": ranks})
     base["host"] = [hosts.get(int(r), "?") for r in ranks]
-    base["steps"] = n_steps.to_numpy()
+    base["steps"] = n_steps
     if a.empty:
         return _empty_verdicts(base)
     med_step_ns = float(a["step_ns"].median())
@@ -309,9 +367,11 @@ def straggler_table(
         med_step_ns = 0.0
 
     # arrival evidence
-    ga = a.groupby("rank")
-    late_ms = (ga["lateness_ns"].median() / 1e6).reindex(ranks)
-    last_share = ga["is_last"].mean().reindex(ranks).fillna(0.0)
+    late_ms = nanmedian(grid.place(_floats(a["lateness_ns"]))) / 1e6
+    is_last = grid.place(_floats(a["is_last"]))
+    with np.errstate(all="ignore"):
+        last_share = np.nansum(is_last, axis=0) / np.isfinite(is_last).sum(axis=0)
+    last_share = np.nan_to_num(last_share, nan=0.0)
     u = np.array([unc.get(int(r), 0) for r in ranks], dtype=np.float64)
     if n_ranks > 1:
         worst_other = np.array([np.max(np.delete(u, i)) for i in range(n_ranks)])
@@ -327,59 +387,44 @@ def straggler_table(
     work_floor_ns = max(cfg.work_floor_frac * med_step_ns, float(cfg.min_floor_ns))
     own_floor_ns = max(cfg.own_floor_frac * med_step_ns, float(cfg.min_floor_ns))
 
-    # phase evidence: per-rank medians vs the other ranks' medians, and per-step excess
-    pm = phase_matrix(a, users)
-    phases = list(pm.columns)
-    if phases:
-        rank_med = pm.groupby(level="rank").median().reindex(ranks)
-        med_excess = rank_med.to_numpy() - median_of_others(rank_med.to_numpy().T).T
-        med_excess = pd.DataFrame(med_excess, index=ranks, columns=phases)
-        cause_excess = {}
-        cms = {}
-        for which in ("cpu", "runq"):
-            cm = cms[which] = cause_matrix(a, users, phases, which)
-            cm_med = cm.groupby(level="rank").median().reindex(ranks).to_numpy(np.float64)
-            cause_excess[which] = cm_med - median_of_others(cm_med.T).T
-        per_step_excess = {}
-        per_step_share = {}
-        per_step_line = {}
-        for p in phases:
-            # per step, the phase's own time: its duration less its run-queue wait where that
-            # was measured (on a host short of CPU the wait is the others' doing, and its noise
-            # step to step is larger than a sleep of a tenth of the step)
-            rq = cms["runq"][p]
-            wide = own_time(pm[p], rq).unstack("rank").reindex(columns=ranks)
-            ex = wide.to_numpy() - median_of_others(wide.to_numpy())
-            ex_df = pd.DataFrame(ex, index=wide.index, columns=ranks)
-            per_step_excess[p] = ex_df.median()
-            valid = ex_df.notna().sum()
-            line_ms = (own_floor_ns if rq.notna().any() else work_floor_ns) / 1e6
-            per_step_share[p] = (ex_df > line_ms).sum() / valid.where(valid > 0)
-            per_step_line[p] = line_ms
-        step_ex = pd.DataFrame(per_step_excess).reindex(ranks)
-        step_share = pd.DataFrame(per_step_share).reindex(ranks).fillna(0.0)
-    else:
-        med_excess = pd.DataFrame(index=ranks)
-        cause_excess = {w: np.full((n_ranks, 0), np.nan) for w in ("cpu", "runq")}
-        step_ex = pd.DataFrame(index=ranks)
-        step_share = pd.DataFrame(index=ranks)
-        per_step_line = {}
+    # phase evidence: per-rank medians vs the other ranks' medians, and per-step excess, each
+    # phase a (step x rank) layer: (phase, step, rank) arrays
+    pg = phase_grids(a, users, grid)
+    phases = pg.phases
+    n_ph = len(phases)
+    stack = lambda d: np.stack([d[p] for p in phases]) if n_ph else np.empty((0, *grid.shape))  # noqa: E731
+
+    def excess_of_medians(x: np.ndarray) -> np.ndarray:
+        """Per (rank, phase): the rank's median over steps less the other ranks' median."""
+        med = nanmedian(x, axis=1)
+        return (med - median_of_others(med)).T if n_ph else np.full((n_ranks, 0), np.nan)
+
+    dur, runq = stack(pg.duration), stack(pg.runq)
+    me = excess_of_medians(dur)
+    cause_excess = {"cpu": excess_of_medians(stack(pg.cpu)), "runq": excess_of_medians(runq)}
+    # per step, the phase's own time: its duration less its run-queue wait where that was
+    # measured (on a host short of CPU the wait is the others' doing, and its noise step to
+    # step is larger than a sleep of a tenth of the step)
+    own = own_time(dur, runq)
+    ex = own - median_of_others(own.reshape(-1, n_ranks)).reshape(own.shape)
+    se = nanmedian(ex, axis=1).T
+    valid = np.isfinite(ex).sum(axis=1)
+    measured = np.isfinite(runq).any(axis=(1, 2))
+    lines_ms = np.where(measured, own_floor_ns, work_floor_ns) / 1e6
+    with np.errstate(all="ignore"):
+        share = (ex > lines_ms[:, None, None]).sum(axis=1) / np.where(valid > 0, valid, np.nan)
+    ss = np.nan_to_num(share, nan=0.0).T
 
     rows = []
     need_last = cfg.last_share_needed(n_ranks)
-    # per-rank rows as numpy (a pandas lookup per rank and phase is slow with hundreds of ranks)
-    me = med_excess.reindex(columns=phases).to_numpy(np.float64)
-    se = step_ex.reindex(columns=phases).to_numpy(np.float64)
-    ss = step_share.reindex(columns=phases).to_numpy(np.float64)
     b_idx = np.array([k for k, p in enumerate(phases) if not p.startswith("user:")], np.int64)
     u_idx = np.array([k for k, p in enumerate(phases) if p.startswith("user:")], np.int64)
     floor_ms = work_floor_ns / 1e6
-    lines_ms = np.array([per_step_line.get(p, floor_ms) for p in phases]) if phases else []
-    rq = np.asarray(cause_excess["runq"], dtype=np.float64).reshape(n_ranks, len(phases))
-    for i, r in enumerate(ranks):
+    rq = cause_excess["runq"]
+    for i in range(n_ranks):
         rec: dict[str, Any] = {}
-        rec["late_ms"] = float(late_ms.get(r, np.nan))
-        rec["last_share"] = float(last_share.get(r, 0.0))
+        rec["late_ms"] = float(late_ms[i])
+        rec["last_share"] = float(last_share[i])
         rec["late_floor_ms"] = float(late_floor_ns[i] / 1e6)
         bex = me[i, b_idx]
         rec["explained_ms"] = float(bex[bex > 0].sum())
@@ -410,7 +455,7 @@ def straggler_table(
         else:
             rec["work_phase"], rec["work_excess_ms"], rec["work_share"] = "", np.nan, 0.0
         rec["work_floor_ms"] = work_floor_ns / 1e6
-        enough = n_ranks >= 2 and int(n_steps.get(r, 0)) >= cfg.min_steps
+        enough = n_ranks >= 2 and int(n_steps[i]) >= cfg.min_steps
         late_ok = np.isfinite(rec["late_ms"]) and rec["late_ms"] > rec["late_floor_ms"]
         need_ms = max(cfg.explain_frac * rec["late_ms"], rec["work_floor_ms"])
         explained = late_ok and rec["explained_ms"] >= need_ms
@@ -597,17 +642,19 @@ def straggler_episodes(
         us = users[users["step"].isin(sel)] if users is not None and len(users) else users
         return straggler_table(sub, us, hosts, clock_uncertainty, 0, cfg)
 
-    pm: list[pd.DataFrame] = []  # the run's phase matrix, built once when an episode needs it
+    pg: list[tuple[StepGrid, PhaseGrids]] = []  # the run's phases, built once when needed
 
     def own_wide(phase: str) -> pd.DataFrame | None:
         """Per (step, rank), the own time of ``phase`` over the whole run (None: no column)."""
-        if not pm:
-            pm.append(phase_matrix(a, users))
-        col = _col(phase, list(pm[0].columns))
-        if col not in pm[0].columns:
+        if not pg:
+            grid = StepGrid(a, np.sort(a["rank"].unique()))
+            pg.append((grid, phase_grids(a, users, grid)))
+        grid, g = pg[0]
+        col = _col(phase, g.phases)
+        if col not in g.phases:
             return None
-        runq = cause_matrix(a, users, [col], "runq")[col]
-        return own_time(pm[0][col], runq).unstack("rank")
+        own = own_time(g.duration[col], g.runq[col])
+        return pd.DataFrame(own, index=grid.steps, columns=grid.ranks)
 
     named = []
     for w in wins:
@@ -828,19 +875,23 @@ def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str])
     if "collective_runq_ns" in s.columns:  # blocked in a collective: the same spin
         wait_runq = wait_runq + s["collective_runq_ns"].fillna(0)
         wait = wait + s["collective_wait_ns"].fillna(0)
-    s = s.assign(work_runq_ns=s["step_runq_ns"] - wait_runq, work_ns=s["step_ns"] - wait)
-    per_rank = s.groupby("rank")[["work_runq_ns", "work_ns"]].median()
-    per_rank["host"] = [hosts.get(int(r), "?") for r in per_rank.index]
+    # per rank, medians over its steps (a (step x rank) grid: no pandas groupby per window)
+    ranks = np.sort(s["rank"].unique())
+    grid = StepGrid(s, ranks)
+    work_runq = nanmedian(grid.place(_floats(s["step_runq_ns"] - wait_runq)))
+    work = nanmedian(grid.place(_floats(s["step_ns"] - wait)))
+    host_of = np.array([hosts.get(int(r), "?") for r in ranks], dtype=object)
     rows = []
-    for host, g in per_rank.groupby("host", sort=True):
-        runq_ms = float(g["work_runq_ns"].median()) / 1e6
-        work_ms = float(g["work_ns"].median()) / 1e6
+    for host in sorted(set(host_of)):
+        mine = np.flatnonzero(host_of == host)
+        runq_ms = float(nanmedian(work_runq[mine])) / 1e6
+        work_ms = float(nanmedian(work[mine])) / 1e6
         if not (np.isfinite(runq_ms) and work_ms > 0):
             continue
-        worst = int(g["work_runq_ns"].idxmax())
+        worst = mine[int(np.nanargmax(work_runq[mine]))]
         rows.append(
-            (host, [int(r) for r in g.index], runq_ms, work_ms, runq_ms / work_ms, worst,
-             float(g.loc[worst, "work_runq_ns"]) / 1e6)
+            (host, [int(r) for r in ranks[mine]], runq_ms, work_ms, runq_ms / work_ms,
+             int(ranks[worst]), float(work_runq[worst]) / 1e6)
         )  # fmt: skip
     out = pd.DataFrame(rows, columns=cols)
     out["short"] = out["work_share"] >= CONTENTION_STEP_SHARE

@@ -2,8 +2,9 @@
 
 A window is ``HVTRACE_LIVE_EVERY`` steps (:func:`hvtrace.settings.live_every`, default 100), or
 ``HVTRACE_LIVE_S`` seconds (:func:`hvtrace.settings.live_window_s`, default 5) where that is more
-steps (at most :data:`MAX_WINDOW_STEPS`): judging a window costs rank 0 about 30 ms of CPU however
-many steps it has, a tenth of a CPU at windows of 100 steps of 3 ms. The windows' length is agreed
+steps (at most :data:`MAX_WINDOW_STEPS`): judging a window costs rank 0 about 30 ms of CPU (2
+ranks) to 100 ms (16 ranks, 2,000 steps), mostly fixed whatever its steps (bench/judge_cost.py), a
+tenth of a CPU at windows of 100 steps of 3 ms. The windows' length is agreed
 on at the same step on every rank (:meth:`LiveMonitor._agree_length`: rank 0's mean step,
 broadcast), so that every rank's window is the same steps. Each rank reduces its window to a small
 matrix, one row per step (the phases' durations, the training thread's CPU time and run-queue wait
@@ -63,6 +64,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from hvtrace.format.lockstep_counts import COUNTS_FRAME_COLS, counts_agree
 from hvtrace.format.schema import (
     KIND_CODE,
     LIVE_ARRIVAL_COL,
@@ -462,8 +464,8 @@ class LiveMonitor:
 
     def _agree_length(self) -> None:
         """Lengthen the windows of short steps to ``window_s`` seconds (the judge's fixed cost,
-        30-200 ms of CPU a window, whatever its steps, is then a share of a CPU no larger than
-        at steps of 50 ms; bench/README.md). Rank 0's mean step over the
+        30-100 ms of CPU a window, mostly whatever its steps, is then a share of a CPU no larger
+        than at steps of 50 ms; bench/judge_cost.py). Rank 0's mean step over the
         window that just ended is broadcast (one number, on the training thread, at the same
         step on every rank: the windows stay the same steps everywhere) and every rank sets
         the next windows' length from it (:func:`window_steps`) and the steps it hands over at
@@ -787,7 +789,8 @@ class LiveMonitor:
             if counts and counts[0].shape[0] != size:
                 counts.clear()  # the world changed size (elastic)
             counts.append(per)
-            del counts[:-MAX_COUNT_WINDOWS]
+            if len(counts) > MAX_COUNT_WINDOWS:
+                _trim_counts(counts)
         self._skipped_put(q, (gathered, size))
 
     def _take_counts(self) -> np.ndarray | None:
@@ -978,16 +981,37 @@ class LiveMonitor:
 
 
 #: The columns of a window's matrix the lockstep check reads (:func:`hvtrace.analysis.live.
-#: counts_frame`): the step, backward and compute time, and the counts.
+#: counts_frame`): :data:`hvtrace.format.lockstep_counts.COUNTS_FRAME_COLS`, the step, backward
+#: and compute time, and the counts.
 COUNTS_COLS: Final[list[int]] = [
     0,
     1 + 3 * PHASES.index("backward"),
     1 + 3 * PHASES.index("compute"),
     *range(LIVE_COUNT_COL, LIVE_COLS),
 ]
-#: Windows whose counts wait for the judge, at most (the oldest are dropped).
+#: Windows whose counts wait for the judge, at most: past it, those that can hold no lockstep
+#: verdict are dropped first (:func:`_trim_counts`).
 MAX_COUNT_WINDOWS: Final = 64
 _COUNTS_LOCK = threading.Lock()
+
+
+def _trim_counts(counts: list[np.ndarray]) -> None:
+    """Bring the windows' counts waiting for the judge back to :data:`MAX_COUNT_WINDOWS`:
+    first the oldest windows whose counts can hold no verdict
+    (:func:`hvtrace.format.lockstep_counts.counts_agree`, the judge's own test), then the
+    newest. The judge's first answer takes its process's start, at the lowest CPU priority on
+    cores the ranks may fill: hundreds of steps (tests/integration/test_lockstep.py); a break
+    in the first windows must still reach it (it is logged once, the first; the first lone
+    forwards are the ones kept), not be pushed out by the windows in lockstep after it."""
+    extra = len(counts) - MAX_COUNT_WINDOWS
+    keep = []
+    for c in counts:
+        if extra > 0 and counts_agree(c.reshape(-1, c.shape[2]), c.shape[0], COUNTS_FRAME_COLS):
+            extra -= 1
+        else:
+            keep.append(c)
+    counts[:] = keep[:MAX_COUNT_WINDOWS]
+
 
 #: Steps kept per rank at which it alone ran a forward with no backward (rank 0's judge).
 MAX_LONE_FORWARDS: Final = 64

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import pandas as pd
 import pytest
 from analysis_frames import MS, frame, synth_spans
 
@@ -15,6 +18,7 @@ from hvtrace.analysis import (
     straggler_table,
     user_table,
 )
+from hvtrace.analysis.stragglers import StepGrid, nanmedian, own_time
 
 
 def verdicts(df, **kw):
@@ -40,6 +44,44 @@ def test_median_of_others_exact():
     np.testing.assert_allclose(got, want)
     np.testing.assert_allclose(median_of_others(np.array([[4.0, 6.0]])), [[6.0, 4.0]])
     assert np.isnan(median_of_others(np.array([[4.0, np.nan]])))[0, 0]
+
+
+def test_nanmedian_is_numpys_on_any_axis_with_gaps() -> None:
+    """The grid's median (one sort) is numpy's ``nanmedian``: odd and even counts, columns with
+    gaps, a column with no value (NaN), an empty axis."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        shape = tuple(int(x) for x in rng.integers(0, 7, size=int(rng.integers(1, 4))))
+        x = rng.normal(size=shape).round(1)  # ties too
+        x[rng.random(shape) < rng.random()] = np.nan
+        for axis in range(x.ndim):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = np.nanmedian(x, axis=axis) if x.shape[axis] else None
+            got = nanmedian(x, axis=axis)
+            if want is None:
+                assert np.isnan(got).all() and list(got.shape) == np.delete(shape, axis).tolist()
+            else:
+                np.testing.assert_array_equal(got, want)
+
+
+def test_the_step_grid_places_rows_and_sums_another_tables_rows_on_its_cells() -> None:
+    steps = pd.DataFrame({"rank": [0, 0, 1, 2], "step": [5, 7, 7, 5], "v": [1.0, 2.0, 3.0, 4.0]})
+    grid = StepGrid(steps, np.array([0, 1, 2, 3]))  # rank 3: no rows
+    assert grid.steps.tolist() == [5, 7] and grid.shape == (2, 4)
+    np.testing.assert_array_equal(
+        grid.place(steps["v"]), [[1.0, np.nan, 4.0, np.nan], [2.0, 3.0, np.nan, np.nan]]
+    )
+    # user spans: two in (0, 5), one in (1, 5) where the grid has no row, one in step 9: left out
+    got = grid.sums([0, 0, 1, 2, 1], [5, 5, 5, 9, 7], [1.0, 2.0, 8.0, 9.0, 0.5])
+    np.testing.assert_array_equal(got, [[3.0, np.nan, 0.0, np.nan], [0.0, 0.5, np.nan, np.nan]])
+
+
+def test_own_time_on_a_grid_is_unknown_where_a_rank_that_measured_its_wait_did_not() -> None:
+    dur = np.array([[10.0, 10.0], [10.0, 10.0]])
+    runq = np.array([[2.0, np.nan], [np.nan, np.nan]])  # rank 0 measured step 0 only
+    np.testing.assert_array_equal(own_time(dur, runq), [[8.0, 10.0], [np.nan, 10.0]])
+    np.testing.assert_array_equal(own_time(dur[0], runq[0]), [8.0, 10.0])  # one rank's row
 
 
 def test_lateness_is_relative_to_the_first_rank_ready():

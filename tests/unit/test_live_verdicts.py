@@ -606,3 +606,42 @@ def test_a_gathered_window_in_lockstep_skips_the_check_and_a_break_does_not() ->
     assert not live_judge.counts_agree(broken, 2)
     kinds = [v.get("kind") for v in live_judge.verdicts(broken, 2, {})]
     assert kinds == ["lockstep"]
+
+
+def test_a_break_waits_for_a_judge_that_starts_more_than_max_count_windows_late(
+    monkeypatch,
+) -> None:
+    """The judge process's first answer can come hundreds of steps late (its start at the lowest
+    CPU priority on cores the ranks fill): the counts of a window with a break are kept for it
+    however many windows in lockstep follow, the windows in lockstep after it dropped first."""
+    import threading
+
+    mon = _monitor(monkeypatch, 5, 0)
+    mon._judge_q, mon._judge_proc, mon._counts, mon.judge_skipped = None, None, [], 0
+    gate, inside, taken = threading.Event(), threading.Event(), []
+
+    def judge(gathered, size):
+        inside.set()
+        gate.wait(10)
+        taken.append(mon._take_counts())  # (the judge's first answer takes what waited)
+
+    monkeypatch.setattr(mon, "_judge", judge)
+    monkeypatch.setattr(mon, "_close_judge_proc", lambda: None)
+    mon._hand_to_judge(np.vstack([_window(0.0, 0, 5)] * 2), 2)
+    assert inside.wait(10)  # the judge holds the first window: its process is starting
+    n_cnt = live.LIVE_COLS - live.LIVE_COUNT_COL
+    for first in range(5, 5 + 5 * (2 * live.MAX_COUNT_WINDOWS), 5):
+        w = _window(0.0, first, 5)
+        other = w.copy()
+        if first == 10:  # rank 1 issues no collective at step 13, rank 0 one
+            w[3, live.LIVE_COLS - n_cnt + 1] = 1
+            other[3, live.LIVE_COLS - n_cnt + 1] = 0
+        mon._hand_to_judge(np.vstack([w, other]), 2)
+    thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
+    live.LiveMonitor._stop_judge(mon)
+    gate.set()
+    thread.join(10)
+    first = taken[0]
+    assert len(first) == 2 * 5 * live.MAX_COUNT_WINDOWS and 13 in first[:, 0]
+    (b,) = live_judge.verdicts(np.full((0, live.N_COLS), np.nan), 2, {}, first)
+    assert (b["kind"], b["step"], b["ranks"]) == ("lockstep", 13, [1])
