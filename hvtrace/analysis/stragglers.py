@@ -197,20 +197,26 @@ class StepGrid:
         out[self._si, self._ri] = np.asarray(values, dtype=np.float64)
         return out
 
+    def cells(self, rank: Any, step: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where another table's rows (``rank``, ``step``) fall on the grid: their step and
+        rank indices, and whether the grid has a row there (False: the indices mean nothing)."""
+        rank = np.asarray(rank, dtype=np.int64)
+        step = np.asarray(step, dtype=np.int64)
+        if not (self.shape[0] and self.shape[1]):
+            none = np.zeros(len(rank), dtype=np.int64)
+            return none, none, np.zeros(len(rank), dtype=bool)
+        si = np.minimum(np.searchsorted(self.steps, step), self.shape[0] - 1)
+        ri = np.minimum(np.searchsorted(self.ranks, rank), self.shape[1] - 1)
+        inside = (self.steps[si] == step) & (self.ranks[ri] == rank)
+        return si, ri, inside & self.present[si, ri]
+
     def sums(self, rank: Any, step: Any, values: Any) -> np.ndarray:
         """The grid of ``values`` summed per (rank, step) of another table's rows: 0 where the
         grid has a row but the table none, NaN where the grid has no row (rows of the table
         outside the grid are left out)."""
-        rank = np.asarray(rank, dtype=np.int64)
-        step = np.asarray(step, dtype=np.int64)
-        si = np.minimum(np.searchsorted(self.steps, step), max(self.shape[0] - 1, 0))
-        ri = np.minimum(np.searchsorted(self.ranks, rank), max(self.shape[1] - 1, 0))
+        si, ri, inside = self.cells(rank, step)
         out = np.where(self.present, 0.0, np.nan)
-        if not (self.shape[0] and self.shape[1]):
-            return out
-        keep = (self.steps[si] == step) & (self.ranks[ri] == rank)
-        keep &= self.present[si, ri]
-        np.add.at(out, (si[keep], ri[keep]), np.asarray(values, dtype=np.float64)[keep])
+        np.add.at(out, (si[inside], ri[inside]), np.asarray(values, dtype=np.float64)[inside])
         return out
 
 
@@ -253,18 +259,10 @@ def phase_grids(
             c = f"{p}_{which}_ns"
             out[p] = grid.place(steps[c].to_numpy(np.float64) / 1e6) if c in steps.columns else nan
     if users is not None and len(users):
-        u_rank = users["rank"].to_numpy(np.int64)
-        u_step = users["step"].to_numpy(np.int64)
-        inside = np.zeros(len(users), dtype=bool)
-        if grid.shape[0] and grid.shape[1]:
-            si = np.minimum(np.searchsorted(grid.steps, u_step), grid.shape[0] - 1)
-            ri = np.minimum(np.searchsorted(grid.ranks, u_rank), grid.shape[1] - 1)
-            inside = (grid.steps[si] == u_step) & (grid.ranks[ri] == u_rank)
-            inside &= grid.present[si, ri]
-        u = users[inside]
+        u = users[grid.cells(users["rank"], users["step"])[2]]
         if len(u):
             top = u.groupby("name")["dur_ns"].sum().nlargest(max_user_names).index
-            for name in sorted(str(n) for n in top):
+            for name in sorted(top):
                 mine = u[u["name"] == name]
                 p = f"user:{name}"
                 phases.append(p)
@@ -387,33 +385,38 @@ def straggler_table(
     work_floor_ns = max(cfg.work_floor_frac * med_step_ns, float(cfg.min_floor_ns))
     own_floor_ns = max(cfg.own_floor_frac * med_step_ns, float(cfg.min_floor_ns))
 
-    # phase evidence: per-rank medians vs the other ranks' medians, and per-step excess, each
-    # phase a (step x rank) layer: (phase, step, rank) arrays
+    # phase evidence: per-rank medians vs the other ranks' medians, and per-step excess, a
+    # phase at a time (one (step x rank) array each: a large run's grids are not stacked)
     pg = phase_grids(a, users, grid)
     phases = pg.phases
     n_ph = len(phases)
-    stack = lambda d: np.stack([d[p] for p in phases]) if n_ph else np.empty((0, *grid.shape))  # noqa: E731
+    me = np.full((n_ranks, n_ph), np.nan)  # the rank's median less the others', ms
+    se = np.full((n_ranks, n_ph), np.nan)  # the median per-step excess of its own time, ms
+    ss = np.zeros((n_ranks, n_ph))  # the share of steps whose excess beats the line
+    cause_excess = {w: np.full((n_ranks, n_ph), np.nan) for w in ("cpu", "runq")}
+    lines_ms = np.full(n_ph, work_floor_ns / 1e6)
 
-    def excess_of_medians(x: np.ndarray) -> np.ndarray:
-        """Per (rank, phase): the rank's median over steps less the other ranks' median."""
-        med = nanmedian(x, axis=1)
-        return (med - median_of_others(med)).T if n_ph else np.full((n_ranks, 0), np.nan)
+    def excess_of_medians(g: np.ndarray) -> np.ndarray:
+        med = nanmedian(g)
+        return med - median_of_others(med[None, :])[0]
 
-    dur, runq = stack(pg.duration), stack(pg.runq)
-    me = excess_of_medians(dur)
-    cause_excess = {"cpu": excess_of_medians(stack(pg.cpu)), "runq": excess_of_medians(runq)}
-    # per step, the phase's own time: its duration less its run-queue wait where that was
-    # measured (on a host short of CPU the wait is the others' doing, and its noise step to
-    # step is larger than a sleep of a tenth of the step)
-    own = own_time(dur, runq)
-    ex = own - median_of_others(own.reshape(-1, n_ranks)).reshape(own.shape)
-    se = nanmedian(ex, axis=1).T
-    valid = np.isfinite(ex).sum(axis=1)
-    measured = np.isfinite(runq).any(axis=(1, 2))
-    lines_ms = np.where(measured, own_floor_ns, work_floor_ns) / 1e6
-    with np.errstate(all="ignore"):
-        share = (ex > lines_ms[:, None, None]).sum(axis=1) / np.where(valid > 0, valid, np.nan)
-    ss = np.nan_to_num(share, nan=0.0).T
+    for k, p in enumerate(phases):
+        me[:, k] = excess_of_medians(pg.duration[p])
+        cause_excess["cpu"][:, k] = excess_of_medians(pg.cpu[p])
+        cause_excess["runq"][:, k] = excess_of_medians(pg.runq[p])
+        # per step, the phase's own time: its duration less its run-queue wait where that was
+        # measured (on a host short of CPU the wait is the others' doing, and its noise step to
+        # step is larger than a sleep of a tenth of the step)
+        rq = pg.runq[p]
+        own = own_time(pg.duration[p], rq)
+        ex = own - median_of_others(own)
+        se[:, k] = nanmedian(ex)
+        if np.isfinite(rq).any():
+            lines_ms[k] = own_floor_ns / 1e6
+        valid = np.isfinite(ex).sum(axis=0)
+        with np.errstate(all="ignore"):
+            share = (ex > lines_ms[k]).sum(axis=0) / np.where(valid > 0, valid, np.nan)
+        ss[:, k] = np.nan_to_num(share, nan=0.0)
 
     rows = []
     need_last = cfg.last_share_needed(n_ranks)
