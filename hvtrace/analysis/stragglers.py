@@ -177,7 +177,8 @@ class StepGrid:
     with one row per step (sorted) and one column per rank of ``ranks``, NaN where the rank has
     no row for that step. Per-rank medians and per-step comparisons across ranks are then numpy
     reductions over one axis (the pandas index work of a groupby and an unstack per column was
-    most of a live window's judging). A (rank, step) that occurs twice keeps its last row."""
+    most of a live window's judging). A step table has one row per (rank, step); where one
+    occurs twice, the grid keeps one of them."""
 
     def __init__(self, steps: pd.DataFrame, ranks: np.ndarray) -> None:
         step = steps["step"].to_numpy(np.int64)
