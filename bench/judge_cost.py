@@ -59,7 +59,7 @@ print(json.dumps(out))
 def windows(shapes: list[str]) -> dict[str, np.ndarray]:
     """The gathered window of each ``STEPSxRANKS`` shape, rank 1 slow in its forward."""
     sys.path.insert(0, str(HERE))
-    from live_cost import MS, rank_rows
+    from live_cost import MS, rank_rows, slow_window
 
     from hvtrace.record import live
 
@@ -67,9 +67,7 @@ def windows(shapes: list[str]) -> dict[str, np.ndarray]:
     for shape in shapes:
         n, size = (int(x) for x in shape.split("x"))
         m = live.step_matrix([rank_rows(s, s * 40 * MS) for s in range(n)], 0)
-        g = np.vstack([m] * size)
-        g[n : 2 * n, 1 + 3 * live.PHASES.index("forward")] += 20 * MS
-        out[shape] = g
+        out[shape] = slow_window(m, size)
     return out
 
 

@@ -57,6 +57,15 @@ def rank_rows(step: int, t0: int, slow_ms: float = 0.0) -> list:
     return rows
 
 
+def slow_window(m: np.ndarray, size: int) -> np.ndarray:
+    """The gathered window of ``size`` ranks each with the window matrix ``m``, rank 1 20 ms
+    slower in its forward in every step (the judge then names it)."""
+    n = len(m)
+    gathered = np.vstack([m] * size)
+    gathered[n : 2 * n, 1 + 3 * live.PHASES.index("forward")] += 20 * MS
+    return gathered
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--window", type=int, default=100, help="steps per window (default 100)")
@@ -92,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  training process CPU per step:              {total / 1e3:8.3f} µs = "
           f"{100 * total / step_ns:.3f} % of a {args.step_ms:g} ms step")  # fmt: skip
     for size in [int(x) for x in args.ranks.split(",")]:
-        gathered = np.vstack([m] * size)
-        gathered[n : 2 * n, 1 + 3 * live.PHASES.index("forward")] += 20 * MS  # rank 1 slow
+        gathered = slow_window(m, size)
         mon2 = live.LiveMonitor.__new__(live.LiveMonitor)
         mon2.hosts, mon2._judge_proc, mon2._judge_q = {i: "h" for i in range(size)}, None, None
         mon2._ask_judge(gathered, size)  # start the process, import pandas

@@ -428,31 +428,31 @@ def finish_steps(rows: pd.DataFrame, n_ranks: int | None = None) -> pd.DataFrame
     if n_ranks is None:
         n_ranks = int(out["rank"].nunique())
     has_step = out.pop("has_step").to_numpy(dtype=bool)
-    _, step_group = np.unique(out["step"].to_numpy(), return_inverse=True)
+    steps, step_group = np.unique(out["step"].to_numpy(), return_inverse=True)
     ranks_done = np.bincount(step_group, weights=has_step)[step_group]
     out.insert(2, "complete", has_step & (ranks_done == n_ranks))
-    _add_lateness(out, step_group)
+    _add_lateness(out, step_group, len(steps))
     cols = [c for c in out.columns if c not in ("lateness_ns", "is_last")]
     i = cols.index("arrival_ns") + 1
     return out[[*cols[:i], "lateness_ns", "is_last", *cols[i:]]]
 
 
-def _add_lateness(out: pd.DataFrame, step_group: np.ndarray) -> None:
+def _add_lateness(out: pd.DataFrame, step_group: np.ndarray, n_groups: int) -> None:
     """Add ``lateness_ns`` and ``is_last`` to a step table (in place); ``step_group``: each row's
-    step as a group number (per-step reductions in numpy, not a pandas groupby per column).
+    step as a group number below ``n_groups`` (per-step reductions in numpy, not a pandas
+    groupby per column).
 
     A rank's lateness is how long after the first rank it arrived at the step's meeting points
     with the others: its last gradient (``arrival_ns``) and, where the step has collectives
     outside the optimizer, the first of them (``coll_arrival_ns``): a rank late to a metric
     allreduce makes the others wait there, and they then reach their gradients together. The
     two add up (a delay before the collective and another after it both hold the others)."""
-    late = _late(out, "arrival_ns", step_group)
+    late = _late(out, "arrival_ns", step_group, n_groups)
     if "coll_arrival_ns" in out.columns and out["coll_arrival_ns"].notna().any():
-        coll = _late(out, "coll_arrival_ns", step_group)
+        coll = _late(out, "coll_arrival_ns", step_group, n_groups)
         both = ~np.isnan(late) | ~np.isnan(coll)
         late = np.where(both, np.nan_to_num(late, nan=0.0) + np.nan_to_num(coll, nan=0.0), np.nan)
     seen = ~np.isnan(late)
-    n_groups = int(step_group.max()) + 1 if len(step_group) else 0
     n_ranks = np.bincount(step_group, weights=seen, minlength=n_groups)[step_group]
     last = np.full(n_groups, -np.inf)
     np.fmax.at(last, step_group, late)
@@ -460,13 +460,12 @@ def _add_lateness(out: pd.DataFrame, step_group: np.ndarray) -> None:
     out["is_last"] = (late == last[step_group]) & (n_ranks >= 2) & seen
 
 
-def _late(out: pd.DataFrame, col: str, step_group: np.ndarray) -> np.ndarray:
+def _late(out: pd.DataFrame, col: str, step_group: np.ndarray, n_groups: int) -> np.ndarray:
     """Per row, ``col`` minus its step's earliest (float ns, NaN where ``col`` is NA)."""
     arr = out[col].astype("float64").to_numpy(na_value=np.nan)
     base = float(np.nanmin(arr)) if (~np.isnan(arr)).any() else 0.0
     # relative values keep ns precision (float64 of epoch ns does not)
     rel = (out[col].astype("Int64") - int(base)).to_numpy(np.float64, na_value=np.nan)
-    n_groups = int(step_group.max()) + 1 if len(step_group) else 0
     first = np.full(n_groups, np.inf)
     np.fmin.at(first, step_group, rel)
     first[np.isinf(first)] = np.nan
