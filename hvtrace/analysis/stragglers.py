@@ -45,7 +45,15 @@ time and run-queue wait per phase (format version 2), the phase's excess over th
 (per-rank medians, as above) is split into **work** (more CPU time than the others' median),
 **contention** (more time runnable but waiting for a CPU) and **blocked** (the rest: neither on a
 CPU nor waiting for one: sleep, I/O, a lock, a queue such as DataLoader workers'). The largest
-part is the ``cause`` (:func:`split_cause`).
+part is the ``cause`` (:func:`split_cause`). A rank named for its arrival whose own time over
+the step (outside ``synchronize``, less its run-queue wait) does not explain its lateness, and
+whose phase's work and blocked parts are each within the own-time margin, is late by
+**contention** whichever of its small parts is the largest (named in the phase it waited in most
+when its phase shows no extra wait, or had none measured): on a host short of CPU the rank that
+is behind waits for one in every phase, and a fraction of a millisecond more CPU time in one of
+them is within what the same work differs by there. The step's own time is used because the
+phases' counter intervals tile the step differently from their spans (backward's run from
+forward's end, so the gap before it, "other", has its counters in backward's).
 """
 
 from __future__ import annotations
@@ -419,6 +427,17 @@ def straggler_table(
             share = (ex > lines_ms[k]).sum(axis=0) / np.where(valid > 0, valid, np.nan)
         ss[:, k] = np.nan_to_num(share, nan=0.0)
 
+    # the whole step's evidence outside synchronize (and outside collectives' blocked part):
+    # the rank's own time (duration less run-queue wait) and its run-queue wait, each less the
+    # other ranks' median; NaN without the counters. The phases' counter intervals tile the
+    # step, but not as their spans do (backward's run from forward's end), so only the step's
+    # sum is exact
+    step_own_ms, step_runq_ms = np.full(n_ranks, np.nan), np.full(n_ranks, np.nan)
+    if "step_runq_ns" in a.columns:
+        out_ns, out_runq = _outside_synchronize(a)
+        step_own_ms = excess_of_medians(own_time(grid.place(out_ns), grid.place(out_runq)) / 1e6)
+        step_runq_ms = excess_of_medians(grid.place(out_runq / 1e6))
+    margin = own_floor_ns / 1e6
     rows = []
     need_last = cfg.last_share_needed(n_ranks)
     b_idx = np.array([k for k, p in enumerate(phases) if not p.startswith("user:")], np.int64)
@@ -479,9 +498,36 @@ def straggler_table(
                 phase_ex if k is not None else nan,
                 float(cause_excess["cpu"][i, k]) if k is not None else nan,
                 float(cause_excess["runq"][i, k]) if k is not None else nan,
-                own_floor_ns / 1e6,
+                margin,
             )
         )
+        if (
+            rec["by_arrival"]
+            and not rec["by_work"]
+            and step_own_ms[i] < need_ms
+            and step_runq_ms[i] > 0
+            and not (rec["cause"] in CAUSES and max(rec["work_ms"], rec["blocked_ms"]) >= margin)
+        ):
+            # late, but its own time over the step (outside synchronize, less its run-queue
+            # wait) does not explain the lateness, and its phase's work and blocked parts (where
+            # measured) are each within the margin the same work differs by: it is late by
+            # waiting for a CPU, whichever of its small parts is largest (a correct Lightning job
+            # on a busy 2-core host: rank 0 6.6 ms late, its input +1.7 ms, 0.9 ms of it CPU
+            # time, was called slow by its work; rank 1 16.7 ms late, "other" +3.1 ms, whose
+            # counters are backward's, was called slow with no cause)
+            if not rec["contention_ms"] > 0:  # name the phase it waited in most
+                k = _nanargmax(rq[i, b_idx])
+                if k is not None:
+                    phase, phase_ex = phases[int(b_idx[k])], float(bex[k])
+                    rec["phase"], rec["phase_excess_ms"] = phase, phase_ex
+                    ki = int(b_idx[k])
+                    rec.update(
+                        split_cause(
+                            phase_ex, float(cause_excess["cpu"][i, ki]), float(rq[i, ki]), margin
+                        )
+                    )
+            if rec["contention_ms"] > 0:
+                rec["cause"] = "contention"
         rec["named"] = rec["by_arrival"] or rec["by_work"]
         rec["reason"] = _reason(rec) if rec["named"] else ""
         rows.append(rec)
@@ -856,6 +902,19 @@ def mark_host_stragglers(verdicts: pd.DataFrame, hosts_df: pd.DataFrame) -> pd.D
 CONTENTION_STEP_SHARE: Final = 0.10
 
 
+def _outside_synchronize(s: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's time outside ``synchronize`` (and outside the blocked part of collectives
+    outside the optimizer) and the run-queue wait in it, ns (``s`` has the cause counters): the
+    wait there is left out, since Horovod 0.28's wait spins on ``sched_yield`` and counts
+    run-queue wait whenever another thread takes the CPU, busy host or not."""
+    wait_runq = s["wait_runq_ns"].fillna(0) if "wait_runq_ns" in s.columns else 0.0
+    wait = s["wait_ns"].fillna(0) if "wait_ns" in s.columns else 0.0
+    if "collective_runq_ns" in s.columns:  # blocked in a collective: the same spin
+        wait_runq = wait_runq + s["collective_runq_ns"].fillna(0)
+        wait = wait + s["collective_wait_ns"].fillna(0)
+    return _floats(s["step_ns"] - wait), _floats(s["step_runq_ns"] - wait_runq)
+
+
 def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str]) -> pd.DataFrame:
     """Per host, how much of its ranks' own work is spent waiting for a CPU (runnable, without
     one): the run-queue wait outside ``synchronize`` (and outside the blocked part of collectives
@@ -874,16 +933,12 @@ def host_contention(steps: pd.DataFrame, skip_steps: int, hosts: dict[int, str])
     s = analyzed_steps(steps, skip_steps)
     if s.empty or "step_runq_ns" not in s.columns:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in [*cols, "short"]})
-    wait_runq = s["wait_runq_ns"].fillna(0) if "wait_runq_ns" in s.columns else 0.0
-    wait = s["wait_ns"].fillna(0) if "wait_ns" in s.columns else 0.0
-    if "collective_runq_ns" in s.columns:  # blocked in a collective: the same spin
-        wait_runq = wait_runq + s["collective_runq_ns"].fillna(0)
-        wait = wait + s["collective_wait_ns"].fillna(0)
     # per rank, medians over its steps (a (step x rank) grid: no pandas groupby per window)
     ranks = np.sort(s["rank"].unique())
     grid = StepGrid(s, ranks)
-    work_runq = nanmedian(grid.place(_floats(s["step_runq_ns"] - wait_runq)))
-    work = nanmedian(grid.place(_floats(s["step_ns"] - wait)))
+    out_ns, out_runq = _outside_synchronize(s)
+    work_runq = nanmedian(grid.place(out_runq))
+    work = nanmedian(grid.place(out_ns))
     host_of = np.array([hosts.get(int(r), "?") for r in ranks], dtype=object)
     rows = []
     for host in sorted(set(host_of)):
