@@ -515,25 +515,29 @@ def straggler_table(
             # on a busy 2-core host: rank 0 6.6 ms late, its input +1.7 ms, 0.9 ms of it CPU
             # time, was called slow by its work; rank 1 16.7 ms late, "other" +3.1 ms, whose
             # counters are backward's, was called slow with no cause)
-            if not rec["contention_ms"] > 0:  # name the phase it waited in most
-                k = _nanargmax(rq[i, b_idx])
-                if k is not None:
-                    phase, phase_ex = phases[int(b_idx[k])], float(bex[k])
-                    rec["phase"], rec["phase_excess_ms"] = phase, phase_ex
-                    ki = int(b_idx[k])
-                    rec.update(
-                        split_cause(
-                            phase_ex, float(cause_excess["cpu"][i, ki]), float(rq[i, ki]), margin
-                        )
+            late_by = {c: rec[c] for c in ("phase", "phase_excess_ms", *_CAUSE_PARTS)}
+            k = None if rec["contention_ms"] > 0 else _nanargmax(rq[i, b_idx])
+            if k is not None:  # no extra wait in its phase: name the phase it waited in most
+                ki = int(b_idx[k])
+                late_by = {"phase": phases[ki], "phase_excess_ms": float(bex[k])}
+                late_by.update(
+                    split_cause(
+                        float(bex[k]), float(cause_excess["cpu"][i, ki]), float(rq[i, ki]), margin
                     )
-            if rec["contention_ms"] > 0:
-                rec["cause"] = "contention"
+                )
+            if late_by["contention_ms"] > 0 and not (
+                max(late_by["work_ms"], late_by["blocked_ms"]) >= margin
+            ):
+                rec.update(late_by, cause="contention")
         rec["named"] = rec["by_arrival"] or rec["by_work"]
         rec["reason"] = _reason(rec) if rec["named"] else ""
         rows.append(rec)
     out = pd.concat([base, pd.DataFrame(rows)], axis=1)
     return out[_VERDICT_COLUMNS]
 
+
+#: The parts of a phase's excess (:func:`split_cause`), with the cause they decide.
+_CAUSE_PARTS: Final = ("cause", "work_ms", "contention_ms", "blocked_ms")
 
 _VERDICT_COLUMNS = [
     "rank",
