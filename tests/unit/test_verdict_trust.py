@@ -72,6 +72,16 @@ def test_a_balanced_run_has_no_episode(seed: int) -> None:
     assert straggler_episodes(step_table(df), user_table(df)).empty
 
 
+def _counted(st: pd.DataFrame) -> pd.DataFrame:
+    """``st`` (a step table) with the counters of a quiet host, in place: the step and each
+    phase all CPU time (durations as floats), no run-queue wait."""
+    for p in ("input", "forward", "backward", "update", "wait", "step"):
+        st[f"{p}_ns"] = st[f"{p}_ns"].astype(float)
+        st[f"{p}_cpu_ns"] = st[f"{p}_ns"]
+        st[f"{p}_runq_ns"] = 0.0
+    return st
+
+
 def _steps_with_contention(n: int = 200) -> pd.DataFrame:
     """A balanced run's step table in which, for a stretch of steps, whichever rank is behind
     waits for a CPU: rank 0 in steps 40-90, rank 1 in steps 120-170 (a host short of CPU)."""
@@ -79,9 +89,7 @@ def _steps_with_contention(n: int = 200) -> pd.DataFrame:
     st = step_table(df)
     for c in [c for c in st.columns if c.endswith(("_cpu_ns", "_runq_ns"))]:
         st[c] = 0
-    for p in ("input", "forward", "backward", "update", "wait", "step"):
-        st[f"{p}_cpu_ns"] = st[f"{p}_ns"]
-        st[f"{p}_runq_ns"] = 0
+    _counted(st)
     for r, (lo, hi) in ((0, (40, 90)), (1, (120, 170))):
         m = (st["rank"] == r) & st["step"].between(lo, hi)
         st.loc[m, "backward_ns"] += 15 * MS
@@ -102,10 +110,7 @@ def test_counters_on_one_step_in_8_give_the_verdict_of_counters_on_every_step() 
     counters on every step its own time shows no excess (the wait is contention); read on one
     step in 8 (short steps, ``$HVTRACE_COUNTERS_MS``) the other steps' wait is unknown, and must
     not count as its own time (before: "backward +14.7 ms in 89% of steps")."""
-    st = step_table(synth_spans(ranks=2, steps=200, noise=0.05, seed=1))
-    for p in ("input", "forward", "backward", "update", "wait", "step"):
-        st[f"{p}_cpu_ns"] = st[f"{p}_ns"].astype(float)
-        st[f"{p}_runq_ns"] = 0.0
+    st = _counted(step_table(synth_spans(ranks=2, steps=200, noise=0.05, seed=1)))
     one = st["rank"] == 1
     st.loc[one, "backward_ns"] += 15 * MS
     st.loc[one, "backward_runq_ns"] += 15 * MS
@@ -409,11 +414,7 @@ def _late_by_small_parts(late: int, input_cpu_ms: float) -> pd.DataFrame:
     run-queue wait and 0.2 ms blocked, its forward, backward and update by 0.6, 0.8 and 0.4 ms
     of run-queue wait (the shape of a false verdict from CI, 28 Nov 2026: rank 0 of a correct
     Lightning job, 6.6 ms late, input +1.7 ms of which 0.9 ms CPU time)."""
-    st = step_table(synth_spans(ranks=2, steps=200, noise=0.05, seed=2))
-    for p in ("input", "forward", "backward", "update", "wait", "step"):
-        st[f"{p}_ns"] = st[f"{p}_ns"].astype(float)
-        st[f"{p}_cpu_ns"] = st[f"{p}_ns"].astype(float)
-        st[f"{p}_runq_ns"] = 0.0
+    st = _counted(step_table(synth_spans(ranks=2, steps=200, noise=0.05, seed=2)))
     st["backward_runq_ns"] = 3.0 * MS
     st["backward_cpu_ns"] -= 3.0 * MS
     me = st["rank"] == late
