@@ -53,9 +53,9 @@ when its phase shows no extra wait, or had none measured): on a host short of CP
 is behind waits for one in every phase, and a fraction of a millisecond more CPU time in one of
 them is within what the same work differs by there. Extra work at or above the margin is
 the cause over a larger contention part only if it accounts for that wait, at the rank's own
-rate of waiting over the step (:data:`INDUCED_WAIT_FACTOR`). The step's own time is used because the
-phases' counter intervals tile the step differently from their spans (backward's run from
-forward's end, so the gap before it, "other", has its counters in backward's).
+rate of waiting over the step (:data:`INDUCED_WAIT_FACTOR`). The step's own time is used
+because the phases' counter intervals tile the step differently from their spans (backward's
+run from forward's end, so the gap before it, "other", has its counters in backward's).
 """
 
 from __future__ import annotations
@@ -347,13 +347,14 @@ def split_cause(
 
 def _own_cause(parts: dict[str, float], margin_ms: float, runq_per_own: float | None) -> str | None:
     """The rank's own part that the contention follows (:func:`split_cause`): ``work`` or
-    ``blocked`` (the larger where both qualify) at or above ``margin_ms``, work only if it also
-    accounts for the contention at the rank's rate of waiting; None if neither."""
+    ``blocked`` (the larger where both qualify) at or above ``margin_ms``, work only if it is
+    larger than the contention or accounts for it at the rank's rate of waiting; None if
+    neither."""
     rate = runq_per_own if runq_per_own is not None else float("nan")
     induced_ms = INDUCED_WAIT_FACTOR * parts["work"] * max(rate, 0.0)
+    unexplained = parts["contention"] > max(parts["work"], induced_ms)
     ok = {
-        "work": parts["work"] >= margin_ms
-        and not (np.isfinite(rate) and parts["contention"] > induced_ms),
+        "work": parts["work"] >= margin_ms and not (np.isfinite(rate) and unexplained),
         "blocked": parts["blocked"] >= margin_ms,
     }
     own = [c for c in ok if ok[c]]
@@ -553,7 +554,6 @@ def straggler_table(
                 float(runq_per_own[i]),
             )
         )
-
         if (
             rec["by_arrival"]
             and not rec["by_work"]

@@ -172,6 +172,19 @@ def test_extra_work_takes_the_cause_from_contention_only_if_it_accounts_for_the_
     assert split_cause(20.0, 7.0, 10.0, 2.0, 2.0)["cause"] == "work"
 
 
+def test_work_larger_than_the_wait_is_the_ranks_own_at_any_rate() -> None:
+    """The rule for a rank late by small parts (:func:`straggler_table`) asks whether the work
+    or blocked part is the rank's own: work over the margin and larger than the wait is, however
+    little the rank waits for a CPU per ms (only a wait larger than the work must be accounted
+    for); a wait larger than the work that the work does not account for is not."""
+    from hvtrace.analysis.stragglers import _own_part
+
+    own = split_cause(4.5, 3.0, 1.0, 2.0, 0.05)
+    assert own["cause"] == "work" and _own_part(own, 2.0, 0.05)
+    waited = split_cause(4.7, 2.2, 3.4, 2.0, 0.37)
+    assert waited["cause"] == "contention" and not _own_part(waited, 2.0, 0.37)
+
+
 def test_a_blocked_rank_on_an_oversubscribed_host_is_put_down_to_its_threads(
     tmp_path: Path,
 ) -> None:
