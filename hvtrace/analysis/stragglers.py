@@ -47,7 +47,8 @@ time and run-queue wait per phase (format version 2), the phase's excess over th
 CPU nor waiting for one: sleep, I/O, a lock, a queue such as DataLoader workers'). The largest
 part is the ``cause`` (:func:`split_cause`). A rank named for its arrival whose own time over
 the step (outside ``synchronize``, less its run-queue wait) does not explain its lateness, and
-whose phase's work and blocked parts are each within the own-time margin, is late by
+whose phase has no part of its own (blocked time or extra work at or above the own-time margin,
+the work larger than the phase's wait or accounting for it as below), is late by
 **contention** whichever of its small parts is the largest (named in the phase it waited in most
 when its phase shows no extra wait, or had none measured): on a host short of CPU the rank that
 is behind waits for one in every phase, and a fraction of a millisecond more CPU time in one of
@@ -478,8 +479,7 @@ def straggler_table(
     # the rank's own time (duration less run-queue wait) and its run-queue wait, each less the
     # other ranks' median; NaN without the counters. The phases' counter intervals tile the
     # step, but not as their spans do (backward's run from forward's end), so only the step's
-    # sum is exact
-    # (and each rank's run-queue wait per ms of its own time there, for split_cause)
+    # sum is exact. And each rank's run-queue wait per ms of its own time there (split_cause)
     step_own_ms, step_runq_ms = np.full(n_ranks, np.nan), np.full(n_ranks, np.nan)
     runq_per_own = np.full(n_ranks, np.nan)
     if "step_runq_ns" in a.columns:
@@ -562,8 +562,9 @@ def straggler_table(
             and not _own_part(rec, margin, float(runq_per_own[i]))
         ):
             # late, but its own time over the step (outside synchronize, less its run-queue
-            # wait) does not explain the lateness, and its phase's work and blocked parts (where
-            # measured) are each within the margin the same work differs by: it is late by
+            # wait) does not explain the lateness, and its phase has no part of its own (where
+            # measured: _own_part, no work or blocked time beyond the margin the same work
+            # differs by, unless the work does not account for a larger wait): it is late by
             # waiting for a CPU, whichever of its small parts is largest (a correct Lightning job
             # on a busy 2-core host: rank 0 6.6 ms late, its input +1.7 ms, 0.9 ms of it CPU
             # time, was called slow by its work; rank 1 16.7 ms late, "other" +3.1 ms, whose
