@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,74 @@ def recorded_job(base: Path, steps: int, *train_args: str) -> Path:
     proc = run_train(*train_args, "--trace-dir", str(trace), cwd=base)
     assert f"rank 0: {steps} steps" in proc.stdout, tail(proc.stderr)
     return trace
+
+
+# -- jobs run several to a launch (tests/batch_train.py; tests/integration/conftest.py) ------------
+@dataclass(frozen=True)
+class Scenario:
+    """One job of ``hvtrace.examples.train`` (or another ``module``'s ``main``) that the
+    integration tests read: its arguments
+    (``{base}`` stands for the job's own directory, made when it runs; its trace goes where
+    ``--trace-dir`` says) and the ``HVTRACE*`` settings it is run with.
+
+    Jobs of the same ``np`` run one after another in one ``horovodrun`` launch
+    (``tests/batch_train.py``, the ``batched`` fixture): each is the same ``main(argv)`` a launch
+    of its own would run, in processes that ran other jobs before it. A job that needs a fresh
+    process (settings read once a process, a fault that leaves a rank stopped) is run with
+    :func:`run_train` instead.
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    np: int = 2
+    #: files written into the job's directory before it runs: (relative path, text)
+    files: tuple[tuple[str, str], ...] = ()
+    #: jobs share a launch only with jobs of their group (and ``np``): a group whose fixture
+    #: sets something up around its jobs (a busy host) keeps the others out of it
+    group: str = ""
+    #: the script whose ``main(argv)`` the job runs
+    module: str = "hvtrace.examples.train"
+
+    def args_for(self, base: Path) -> list[str]:
+        """The arguments with ``{base}`` replaced by the job's directory."""
+        return [a.replace("{base}", str(base)) for a in self.argv]
+
+
+#: Every scenario the collected test modules declared, in the order they did (module import).
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(
+    name: str,
+    *argv: str | os.PathLike,
+    env: dict[str, str] | None = None,
+    np: int = 2,
+    files: dict[str, str] | None = None,
+    group: str = "",
+    module: str = "hvtrace.examples.train",
+) -> Scenario:
+    """Declare (at a test module's import) a job for the ``batched`` fixture to run; its name is
+    unique in the session. Declared at import, so that the first launch runs the jobs of every
+    collected module together."""
+    items = (tuple(sorted((env or {}).items())), np, tuple(sorted((files or {}).items())))
+    sc = Scenario(name, tuple(map(str, argv)), *items, group, module)
+    if SCENARIOS.setdefault(name, sc) != sc:
+        raise ValueError(f"two different scenarios named {name!r}")
+    return sc
+
+
+def traced_scenario(name: str, *argv: str | os.PathLike, **kwargs: Any) -> Scenario:
+    """:func:`scenario` with its trace in the job's ``trace`` directory (``--trace-dir``)."""
+    return scenario(name, *argv, "--trace-dir", "{base}/trace", **kwargs)
+
+
+def ran_steps(job: Any, steps: int) -> Path:
+    """Check that a finished job (``RecordedJob``) ran ``steps`` steps on rank 0 and said
+    nothing of being unable to trace; return its trace directory."""
+    assert f"rank 0: {steps} steps" in job.stdout, tail(job.stdout) + tail(job.stderr)
+    assert "hvtrace: could not" not in job.stderr, tail(job.stderr)
+    return job.trace
 
 
 # -- jobs shared by several integration modules (tests/integration/conftest.py) ------------------

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import analyze_cli, recorded_job
+from helpers import analyze_cli, ran_steps, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -38,8 +38,9 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 THREADS = max(2, CORES)
 
 
-def _job(tmp_path_factory, name: str, *args: str) -> Path:
-    return recorded_job(tmp_path_factory.mktemp(name), STEPS, *COMMON, *args)
+UNSHARDED = traced_scenario("antipattern_unsharded", *COMMON, "--unsharded")
+THREADED = traced_scenario("antipattern_threads", *COMMON, "--torch-threads", str(THREADS))
+CLEAN = traced_scenario("antipattern_clean", *COMMON)
 
 
 def _kinds(a: object, kind: str) -> list:
@@ -47,20 +48,20 @@ def _kinds(a: object, kind: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def unsharded(tmp_path_factory) -> tuple[Path, object]:
-    trace = _job(tmp_path_factory, "unsharded", "--unsharded")
+def unsharded(batched) -> tuple[Path, object]:
+    trace = ran_steps(batched(UNSHARDED), STEPS)
     return trace, analyze(load_run(trace))
 
 
 @pytest.fixture(scope="module")
-def threads(tmp_path_factory) -> object:
-    trace = _job(tmp_path_factory, "threads", "--torch-threads", str(THREADS))
+def threads(batched) -> object:
+    trace = ran_steps(batched(THREADED), STEPS)
     return analyze(load_run(trace))
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory) -> object:
-    return analyze(load_run(_job(tmp_path_factory, "clean")))
+def clean(batched) -> object:
+    return analyze(load_run(ran_steps(batched(CLEAN), STEPS)))
 
 
 def test_unsharded_data_names_both_ranks_from_step_0(unsharded) -> None:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_train, tail
+from helpers import ran_steps, run_train, tail, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -39,6 +39,12 @@ def _analyze(tmp_path: Path, *args: str, steps: int = 40):
     return analyze(load_run(trace))
 
 
+COMPUTE = traced_scenario(
+    "causes_compute", *COMMON, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
+    "--slow-kind", "compute",
+)  # fmt: skip
+
+
 def _the_straggler(a) -> dict:
     s = a.stragglers
     assert list(s["rank"]) == [1], (s.to_dict("records"), [f.message for f in a.findings])
@@ -49,17 +55,14 @@ def _the_straggler(a) -> dict:
     "kind, cause", [("sleep", "blocked"), ("compute", "work")], ids=["sleep", "compute"]
 )
 def test_an_injected_delay_is_named_with_its_cause(
-    request: pytest.FixtureRequest, tmp_path: Path, kind: str, cause: str
+    request: pytest.FixtureRequest, batched, kind: str, cause: str
 ) -> None:
     if kind == "sleep":
         # the sleeping rank's job is test_compare_runs.py's (``helpers.SLOW_SLEEP25_JOB``: the
         # same model, 60 steps, live detection off), recorded once a session
         a = analyze(load_run(request.getfixturevalue("slow_sleep25_run").trace))
     else:
-        a = _analyze(
-            tmp_path, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
-            "--slow-kind", kind,
-        )  # fmt: skip
+        a = analyze(load_run(ran_steps(batched(COMPUTE), 40)))
     s = _the_straggler(a)
     assert s["phase"] == "forward" and s["cause"] == cause, s
     # the part of that cause is most of the injected 25 ms (the compute is 25 ms of the

@@ -14,7 +14,7 @@ known change each, and the same job at 1, 2 and 4 ranks.
 from __future__ import annotations
 
 import pytest
-from helpers import COMPARE_JOB, LIVE_OFF, run_train
+from helpers import COMPARE_JOB, LIVE_OFF, ran_steps, run_train, traced_scenario
 
 from hvtrace.analysis import analyze
 from hvtrace.analysis.diff import diff_runs
@@ -32,6 +32,16 @@ def _run(tmp_path_factory, name: str, *args: str, np: int = 2, skip_steps: int =
     return analyze(load_run(d / "trace"), skip_steps=skip_steps)
 
 
+#: the 2-rank jobs, in the launch of the base run and the slowed one (``conftest.py``)
+WIDE = traced_scenario("compare_wide", *JOB, "--wide-layer", "1", env=LIVE_OFF, group="compare")
+FP16 = traced_scenario("compare_fp16", *JOB, "--fp16", env=LIVE_OFF, group="compare")
+SAME = traced_scenario("compare_same", *JOB, env=LIVE_OFF, group="compare")
+
+
+def _batched(batched, sc) -> object:
+    return analyze(load_run(ran_steps(batched(sc), 60)), skip_steps=1)
+
+
 @pytest.fixture(scope="module")
 def base(compare_runs):
     """``JOB`` as is; recorded once a session, right before the slowed run of
@@ -40,8 +50,8 @@ def base(compare_runs):
     return analyze(load_run(compare_runs[0].trace), skip_steps=1)
 
 
-def test_a_wider_layer_resizes_its_tensors_and_slows_the_backward(base, tmp_path_factory) -> None:
-    d = diff_runs(base, _run(tmp_path_factory, "wide", "--wide-layer", "1"))
+def test_a_wider_layer_resizes_its_tensors_and_slows_the_backward(base, batched) -> None:
+    d = diff_runs(base, _batched(batched, WIDE))
     assert d.step["significant"] and d.step["delta_ms"] > 0, d.step
     resized = set(d.tensors.loc[d.tensors["status"] == "resized", "name"])
     assert resized == {"net.2.weight", "net.2.bias", "net.4.weight"}, d.tensors
@@ -67,15 +77,15 @@ def test_a_slowed_rank_is_a_new_straggler(base, slow_sleep25_run) -> None:
     assert causes[("forward", "blocked")] == pytest.approx(12.5, abs=2.5), d.causes
 
 
-def test_fp16_compression_halves_the_bytes_and_is_named(base, tmp_path_factory) -> None:
-    d = diff_runs(base, _run(tmp_path_factory, "fp16", "--fp16"))
+def test_fp16_compression_halves_the_bytes_and_is_named(base, batched) -> None:
+    d = diff_runs(base, _batched(batched, FP16))
     t = d.tensors
     assert (t["bytes_b"] * 2 == t["bytes_a"]).all(), t[["name", "bytes_a", "bytes_b"]]
     changed = {k: (a, b) for k, a, b in d.config}
     assert changed.get("optimizer compression") == ("NoneCompressor", "FP16Compressor"), d.config
 
 
-def test_the_same_job_twice_names_no_change_of_the_job(base, tmp_path_factory) -> None:
+def test_the_same_job_twice_names_no_change_of_the_job(base, batched) -> None:
     """Two runs of one job (the module's base run and the same job again): no setting differs
     and no rank is named for its own work in either run. Whether the step time changed
     significantly is not asserted on real runs: on this VM two 300-step runs of the same job back
@@ -83,8 +93,8 @@ def test_the_same_job_twice_names_no_change_of_the_job(base, tmp_path_factory) -
     CPU) in another, which the diff rightly calls significant for those two runs; the statistics
     are tested on synthetic runs (tests/unit/test_diff.py). So neither a warm-up job nor long
     runs are needed here: the base run (60 steps, as every run of this module) is one of the two,
-    a second launch of the same job the other."""
-    d = diff_runs(base, _run(tmp_path_factory, "same"))
+    the same job again (in the same launch, later) the other."""
+    d = diff_runs(base, _batched(batched, SAME))
     # no rank named for its own work in either run (one waiting for a CPU is the host's)
     causes = set(d.ranks["cause_a"].dropna()) | set(d.ranks["cause_b"].dropna())
     assert not d.config and causes <= {"contention"}, (d.config, d.ranks)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import analyze_cli, recorded_job, run_horovodrun, run_train, tail
+from helpers import analyze_cli, ran_steps, run_horovodrun, scenario, tail, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -38,8 +38,23 @@ COMMON = ["--steps", str(STEPS), "--width", "256", "--layers", "4", "--batch-siz
 TENSORS = {f"net.{i}.{k}" for i in (0, 2, 4, 6, 8) for k in ("weight", "bias")}
 
 
-def _job(tmp_path_factory, name: str, *args: str) -> Path:
-    return recorded_job(tmp_path_factory.mktemp(name), STEPS, *COMMON, *args)
+PERTURBED = traced_scenario(
+    "consistency_perturbed", *COMMON, "--consistency-every", "5",
+    "--perturb-rank", "1", "--perturb-step", "7", "--perturb-tensor", "net.2.weight",
+)  # fmt: skip
+LR_SKEW = traced_scenario(
+    "consistency_lr", *COMMON, "--consistency-every", "5",
+    "--lr-skew-rank", "1", "--lr-skew-step", "12",
+    "--agree-skew-rank", "1", "--agree-skew-step", "18",
+)  # fmt: skip
+NO_BROADCAST = traced_scenario(
+    "consistency_nobcast", *COMMON, "--consistency-every", "5", "--no-broadcast", "--rank-seed"
+)
+#: The same job checked at every step, and without hvtrace: their parameters are compared.
+CHECKED = traced_scenario(
+    "consistency_checked", *COMMON, "--consistency-every", "1", "--save-params", "{base}/params.pt"
+)
+PLAIN = scenario("consistency_plain", *COMMON, "--no-trace", "--save-params", "{base}/params.pt")
 
 
 def _divergences(trace: Path) -> tuple[object, dict[str, object]]:
@@ -51,11 +66,8 @@ def _divergences(trace: Path) -> tuple[object, dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def perturbed(tmp_path_factory) -> Path:
-    return _job(
-        tmp_path_factory, "perturbed", "--consistency-every", "5",
-        "--perturb-rank", "1", "--perturb-step", "7", "--perturb-tensor", "net.2.weight",
-    )  # fmt: skip
+def perturbed(batched) -> Path:
+    return ran_steps(batched(PERTURBED), STEPS)
 
 
 def test_weights_changed_on_one_rank_are_named_at_the_next_check(perturbed: Path) -> None:
@@ -92,12 +104,8 @@ def test_the_dashboard_shows_the_divergence(perturbed: Path) -> None:
     assert data.findings[0].startswith("⚠ divergence at step 10"), data.findings
 
 
-def test_learning_rates_and_agreed_values_driven_apart(tmp_path_factory) -> None:
-    trace = _job(
-        tmp_path_factory, "lr", "--consistency-every", "5",
-        "--lr-skew-rank", "1", "--lr-skew-step", "12",
-        "--agree-skew-rank", "1", "--agree-skew-step", "18",
-    )  # fmt: skip
+def test_learning_rates_and_agreed_values_driven_apart(batched) -> None:
+    trace = ran_steps(batched(LR_SKEW), STEPS)
     a, divs = _divergences(trace)
     assert set(divs) == {"lr", "parameters", "values"}, [f.message for f in a.findings]
     lr = divs["lr"]
@@ -113,10 +121,8 @@ def test_learning_rates_and_agreed_values_driven_apart(tmp_path_factory) -> None
     assert [f.data["what"] for f in a.findings[:3]] == ["lr", "parameters", "values"]
 
 
-def test_missing_broadcast_is_named_at_step_zero(tmp_path_factory) -> None:
-    trace = _job(
-        tmp_path_factory, "nobcast", "--consistency-every", "5", "--no-broadcast", "--rank-seed"
-    )
+def test_missing_broadcast_is_named_at_step_zero(batched) -> None:
+    trace = ran_steps(batched(NO_BROADCAST), STEPS)
     a, divs = _divergences(trace)
     d = divs["parameters"]
     assert d.data["step"] == 0 and d.data["first_check"] == 0
@@ -125,19 +131,16 @@ def test_missing_broadcast_is_named_at_step_zero(tmp_path_factory) -> None:
     assert a.findings[0] is d
 
 
-def test_a_normal_run_is_clean_and_bit_identical_with_checks_every_step(tmp_path_factory) -> None:
-    base = tmp_path_factory.mktemp("clean")
-    traced = _job(
-        tmp_path_factory, "clean_traced", "--consistency-every", "1",
-        "--save-params", str(base / "traced.pt"),
-    )  # fmt: skip
-    proc = run_train(*COMMON, "--no-trace", "--save-params", str(base / "plain.pt"), cwd=base)
-    assert f"rank 0: {STEPS} steps" in proc.stdout, tail(proc.stderr)
+def test_a_normal_run_is_clean_and_bit_identical_with_checks_every_step(batched) -> None:
+    checked = batched(CHECKED)
+    traced = ran_steps(checked, STEPS)
+    plain = batched(PLAIN)
+    assert f"rank 0: {STEPS} steps" in plain.stdout, tail(plain.stderr)
     a, divs = _divergences(traced)
     assert divs == {}, [f.message for f in a.findings]
     assert a.consistency["parameters"]["checks"] == STEPS
-    x = torch.load(base / "traced.pt", map_location="cpu", weights_only=True)
-    y = torch.load(base / "plain.pt", map_location="cpu", weights_only=True)
+    x = torch.load(checked.base / "params.pt", map_location="cpu", weights_only=True)
+    y = torch.load(plain.base / "params.pt", map_location="cpu", weights_only=True)
     assert set(x) == set(y) and len(x) == len(TENSORS)
     for k in x:
         assert torch.equal(x[k], y[k]), k

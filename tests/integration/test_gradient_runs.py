@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import analyze_cli, recorded_job, run_train, tail
+from helpers import analyze_cli, ran_steps, run_train, tail, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -70,24 +70,31 @@ def distributed(tmp_path_factory) -> object:
     return analyze(load_run(_env_job(tmp_path_factory, "distributed", "--no-trace")))
 
 
-def _dense_job(tmp_path_factory, name: str, *args: str) -> object:
-    trace = recorded_job(tmp_path_factory.mktemp(name), STEPS, *COMMON, *EMB, *args)
+DENSE = traced_scenario("gradients_dense", *COMMON, *EMB)
+SPARSE_AS_DENSE = traced_scenario(
+    "gradients_sad", *COMMON, *EMB, "--sparse-embedding", "--sparse-as-dense"
+)
+SPARSE = traced_scenario("gradients_sparse", *COMMON, *EMB, "--sparse-embedding")
+
+
+def _dense_job(batched, sc) -> tuple[Path, object]:
+    trace = ran_steps(batched(sc), STEPS)
     return trace, analyze(load_run(trace))
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory) -> tuple[Path, object]:
-    return _dense_job(tmp_path_factory, "dense")
+def dense(batched) -> tuple[Path, object]:
+    return _dense_job(batched, DENSE)
 
 
 @pytest.fixture(scope="module")
-def sparse_as_dense(tmp_path_factory) -> object:
-    return _dense_job(tmp_path_factory, "sad", "--sparse-embedding", "--sparse-as-dense")[1]
+def sparse_as_dense(batched) -> object:
+    return _dense_job(batched, SPARSE_AS_DENSE)[1]
 
 
 @pytest.fixture(scope="module")
-def sparse(tmp_path_factory) -> object:
-    return _dense_job(tmp_path_factory, "sparse", "--sparse-embedding")[1]
+def sparse(batched) -> object:
+    return _dense_job(batched, SPARSE)[1]
 
 
 # -- manual gradient averaging ---------------------------------------------------------------------

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import re
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
-from helpers import run_train, tail
+from helpers import tail, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import open_run
@@ -31,25 +30,31 @@ LINE = re.compile(
 )
 
 
-def _run(tmp_path: Path, *args: str, live_s: float = 0.0):
+def _scenario(name: str, *args: str, live_s: float = 0.0):
     """``live_s``: HVTRACE_LIVE_S (0: windows of exactly EVERY steps)."""
-    trace = tmp_path / "trace"
-    cb = tmp_path / "verdicts.jsonl"
-    proc = run_train(
-        *COMMON, "--trace-dir", str(trace), "--live-callback", str(cb), *args,
-        env={"HVTRACE_LIVE_EVERY": str(EVERY), "HVTRACE_LIVE_S": str(live_s)}, cwd=tmp_path,
-    )  # fmt: skip
-    assert "live detection stopped" not in proc.stderr, tail(proc.stderr)
-    assert "rank 0: 200 steps" in proc.stdout, tail(proc.stderr)
+    env = {"HVTRACE_LIVE_EVERY": str(EVERY), "HVTRACE_LIVE_S": str(live_s)}
+    cb = ["--live-callback", "{base}/verdicts.jsonl"]
+    return traced_scenario(f"live_{name}", *COMMON, *cb, *args, env=env)
+
+
+SLOWED = _scenario(
+    "slowed", "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
+    "--slow-from-step", "80",
+)  # fmt: skip
+BALANCED = _scenario("balanced", live_s=0.4)
+
+
+def _run(batched, sc):
+    job = batched(sc)
+    assert "live detection stopped" not in job.stderr, tail(job.stderr)
+    assert "rank 0: 200 steps" in job.stdout, tail(job.stderr)
+    cb = job.base / "verdicts.jsonl"
     verdicts = [json.loads(x) for x in cb.read_text().splitlines()] if cb.exists() else []
-    return trace, proc.stderr, verdicts
+    return job.trace, job.stderr, verdicts
 
 
-def test_a_rank_slowed_mid_run_is_named_live_with_its_phase(tmp_path: Path) -> None:
-    trace, err, verdicts = _run(
-        tmp_path, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
-        "--slow-from-step", "80",
-    )  # fmt: skip
+def test_a_rank_slowed_mid_run_is_named_live_with_its_phase(batched) -> None:
+    trace, err, verdicts = _run(batched, SLOWED)
     lines = [m.groups() for m in LINE.finditer(err)]
     late = [v for v in verdicts if v["event"] == "late"]
     assert len(lines) == len(late) and late, (tail(err), verdicts)
@@ -76,12 +81,12 @@ def test_a_rank_slowed_mid_run_is_named_live_with_its_phase(tmp_path: Path) -> N
     assert off.stragglers.iloc[0]["phase"] == "forward"
 
 
-def test_a_balanced_run_logs_no_straggler(tmp_path: Path) -> None:
+def test_a_balanced_run_logs_no_straggler(batched) -> None:
     """No rank is named; a host short of CPU (this 2-core host runs 2 ranks, their Horovod
     threads and the judge) is logged once when that begins and once when it ends. Windows of
     0.4 s (HVTRACE_LIVE_S): their length is agreed on by every rank at the same steps (a
     broadcast on the training thread), which must neither hang nor fail."""
-    _trace, err, verdicts = _run(tmp_path, live_s=0.4)
+    _trace, err, verdicts = _run(batched, BALANCED)
     assert not [v for v in verdicts if v.get("rank") is not None], verdicts
     assert not LINE.findall(err), tail(err)
     for host in {v["host"] for v in verdicts}:

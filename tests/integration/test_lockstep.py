@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import CLEAN_LIVE_JOB, LIVE_EVERY_5, run_train, tail
+from helpers import CLEAN_LIVE_JOB, LIVE_EVERY_5, Scenario, tail, traced_scenario
 
 from hvtrace.analysis import analyze
 from hvtrace.load import load_run
@@ -39,20 +39,36 @@ STOPPED = re.compile(
 _stderr: dict[Path, str] = {}
 
 
-def _job(tmp_path_factory, name: str, *args: str, steps: list[str] = SMALL) -> Path:
-    """Run the demo with ``args`` (live windows of 5 steps) and return its trace directory."""
-    d = tmp_path_factory.mktemp(name)
-    proc = run_train(
-        *steps, "--trace-dir", d / "trace", "--stop-step", "12", *args, cwd=d, env=LIVE
-    )
-    _stderr[d / "trace"] = proc.stderr
-    return d / "trace"
+def _scenario(name: str, *args: str, steps: list[str] = SMALL) -> Scenario:
+    """The demo with ``args`` (live windows of 5 steps), traced."""
+    return traced_scenario(f"lockstep_{name}", *steps, "--stop-step", "12", *args, env=LIVE)
+
+
+#: the longer job of the faults whose live verdict needs more windows (below)
+LONG = ["--width", "256", "--layers", "4", "--batch-size", "64"]
+EARLY = _scenario("early", "--end-early-rank", "0")
+#: The job of the skipped step: live, the skipped step is named once rank 0's judge (a process
+#: at nice 19) has answered on a window holding it, which takes a longer job than the other
+#: faults; the offline check reads the same job (its steps: 0 .. SKIP_STEPS - 1).
+SKIP_STEPS = 300
+SKIP_STEP = _scenario(
+    "skipstep", "--skip-step-rank", "1", steps=["--steps", str(SKIP_STEPS), *LONG]
+)
+SKIP_BACKWARD = _scenario("skipbwd", "--skip-backward-rank", "1")
+LATE_METRIC = _scenario("late_live", "--late-metric-rank", "1", steps=["--steps", "600", *LONG])
+
+
+def _job(batched, sc: Scenario) -> Path:
+    """Run ``sc`` (``batched``) and return its trace directory."""
+    job = batched(sc)
+    _stderr[job.trace] = job.stderr
+    return job.trace
 
 
 @pytest.fixture(scope="module")
-def early(tmp_path_factory) -> Path:
+def early(batched) -> Path:
     """Rank 0 leaves the loop at step 12 and joins: one job, read offline and live."""
-    return _job(tmp_path_factory, "early", "--end-early-rank", "0")
+    return _job(batched, EARLY)
 
 
 def _lockstep(trace: Path) -> tuple[list[dict], list]:
@@ -91,17 +107,10 @@ def test_a_rank_that_stops_early_and_joins_is_named_live_by_the_rank_going_on(
     assert [(e["kind"], e["ranks"], e["others"]) for e in live] == [("stopped", [0], [1])]
 
 
-#: The job of the skipped step: live, the skipped step is named once rank 0's judge (a process
-#: at nice 19) has answered on a window holding it, which takes a longer job than the other
-#: faults; the offline check reads the same job (its steps: 0 .. SKIP_STEPS - 1).
-SKIP_STEPS = 300
-
-
 @pytest.fixture(scope="module")
-def skipped(tmp_path_factory) -> Path:
+def skipped(batched) -> Path:
     """Rank 1 skips its optimizer step at step 12 (after the forward) and joins at the end."""
-    long = ["--steps", str(SKIP_STEPS), "--width", "256", "--layers", "4", "--batch-size", "64"]
-    return _job(tmp_path_factory, "skipstep", "--skip-step-rank", "1", steps=long)
+    return _job(batched, SKIP_STEP)
 
 
 def test_a_rank_that_skips_a_step_is_named_with_the_step_it_skipped(skipped: Path) -> None:
@@ -141,11 +150,11 @@ def test_a_rank_that_skips_a_step_is_named_live_with_the_step_it_skipped(skipped
         assert "rank 1 skipped an optimizer step at step 12 " in err, tail(err)
 
 
-def test_a_rank_that_skips_a_backward_stays_in_step(tmp_path_factory) -> None:
+def test_a_rank_that_skips_a_backward_stays_in_step(batched) -> None:
     """Without its backward a rank still steps the optimizer, and Horovod's synchronize
     allreduces zeros for the gradients it lacks: the ranks stay in step (and apply the same
     averaged gradients), so no lockstep finding."""
-    trace = _job(tmp_path_factory, "skipbwd", "--skip-backward-rank", "1")
+    trace = _job(batched, SKIP_BACKWARD)
     breaks, findings = _lockstep(trace)
     assert breaks == [] and findings == []
     assert "out of lockstep" not in _stderr[trace], tail(_stderr[trace])
@@ -162,9 +171,7 @@ def test_the_same_job_without_the_fault_is_quiet(clean_live_run) -> None:
     assert "live detection stopped" not in _stderr[trace], tail(_stderr[trace])
 
 
-def test_a_collective_a_step_late_is_named_live_and_fingerprinted_at_once(
-    tmp_path_factory,
-) -> None:
+def test_a_collective_a_step_late_is_named_live_and_fingerprinted_at_once(batched) -> None:
     """Every rank averages a metric asynchronously after step 12, rank 1 a step late (nothing
     hangs): rank 0's judge names rank 1 at step 13 (the rule of the offline check, on the counts
     of the window matrix), and every rank fingerprints its parameters at one step after it, off
@@ -173,8 +180,7 @@ def test_a_collective_a_step_late_is_named_live_and_fingerprinted_at_once(
     600 steps: the judge runs at nice 19 and, on a host whose cores are all busy, can answer
     hundreds of steps late (in a CI run beside other work at 300 steps, it named rank 1 after the
     job's last exchange, so no check could be asked); the check needs an exchange after it."""
-    long = ["--steps", "600", "--width", "256", "--layers", "4", "--batch-size", "64"]
-    trace = _job(tmp_path_factory, "late_live", "--late-metric-rank", "1", steps=long)
+    trace = _job(batched, LATE_METRIC)
     err = _stderr[trace]
     assert (
         "hvtrace: ranks out of lockstep: rank 1 issued a different number of collectives "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import analyze_cli, run_train, tail
+from helpers import analyze_cli, ran_steps, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.format.schema import FLAG_OWN
@@ -28,20 +28,17 @@ pytestmark = [pytest.mark.horovod, pytest.mark.timeout(900)]
 COMMON = ["--steps", "40", "--width", "256", "--layers", "4", "--batch-size", "64"]
 
 
-def _run(tmp_path: Path, *args: str) -> Path:
-    trace = tmp_path / "trace"
-    proc = run_train(*COMMON, "--trace-dir", str(trace), *args, cwd=tmp_path)
-    assert "rank 0: 40 steps" in proc.stdout, tail(proc.stderr)
-    return trace
+OUTSIDE = traced_scenario(
+    "outside_metric_bcast", *COMMON, "--metric-allreduce", "--broadcast-object-at", "20",
+    "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "update",
+)  # fmt: skip
+WITHOUT = traced_scenario("outside_none", *COMMON)
 
 
 def test_metric_allreduce_and_broadcast_object_are_named_with_phase_and_cost(
-    tmp_path: Path,
+    batched, tmp_path: Path
 ) -> None:
-    trace = _run(
-        tmp_path, "--metric-allreduce", "--broadcast-object-at", "20",
-        "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "update",
-    )  # fmt: skip
+    trace = ran_steps(batched(OUTSIDE), 40)
     a = analyze(load_run(trace))
     out = a.outside.set_index("name")
     assert set(out.index) == {"metric.loss", "config"}, a.outside.to_dict("records")
@@ -85,8 +82,8 @@ def test_metric_allreduce_and_broadcast_object_are_named_with_phase_and_cost(
     assert row["ms_per_step"] == pytest.approx(float(metric["ms_per_step"]))
 
 
-def test_a_run_without_such_calls_is_counted_as_before(tmp_path: Path) -> None:
-    trace = _run(tmp_path)
+def test_a_run_without_such_calls_is_counted_as_before(batched) -> None:
+    trace = ran_steps(batched(WITHOUT), 40)
     run = load_run(trace)
     spans = run.spans
     coll = spans[spans["kind"] == "collective"]

@@ -1,7 +1,8 @@
 """Recording under real Horovod: ``horovodrun -np 2 -H localhost:2 --gloo`` on the demo trainer.
 
-Each module-scoped fixture is one horovodrun launch (six in all); several tests read each run.
-Launches are small (10 steps of a 2-layer, 64-wide MLP) and killed after 300 s each.
+Each module-scoped fixture is one job (seven in all; several tests read each), run with other
+modules' jobs in shared launches (the ``batched`` fixture, ``tests/batch_train.py``). Jobs are
+small (10 steps of a 2-layer, 64-wide MLP).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import PLAIN_JOB, run_train, tail
+from helpers import PLAIN_JOB, Scenario, scenario, tail, traced_scenario
 
 from hvtrace.format.schema import FORMAT_VERSION
 from hvtrace.load import Run, load_run
@@ -64,16 +65,36 @@ class Job:
         return f"stdout tail:\n{tail(self.proc.stdout, 15)}\nstderr tail:\n{tail(self.proc.stderr)}"
 
 
-def _launch(tmp_path_factory, name: str, *args: str, env=None, traced=True, save=True) -> Job:
-    base = tmp_path_factory.mktemp(name)
-    trace_dir = base / "trace"
-    params = base / "params.pt" if save else None
-    extra = ["--save-params", str(params)] if save else []
-    proc = run_train(*COMMON, "--trace-dir", str(trace_dir), *extra, *args, env=env, cwd=base)
-    job = Job(proc, trace_dir, params)
-    assert f"rank 0: {STEPS} steps" in proc.stdout, job.context()
+def _scenario(name: str, *args: str, env=None, save: bool = True) -> Scenario:
+    """``COMMON`` and ``args``, traced to the job's ``trace``, the parameters saved (``save``)."""
+    extra = ["--save-params", "{base}/params.pt"] if save else []
+    return traced_scenario(f"record_{name}", *COMMON, *extra, *args, env=env)
+
+
+UNTRACED = _scenario("untraced", "--no-trace")
+OFF = _scenario("off", env={"HVTRACE": "0"})
+#: Rank 1 60 ms slower in its forward; every rank clipping its gradients between Horovod's
+#: synchronize() and the update (``--clip``), its parameters in 2 groups (``--groups 2``).
+SLOWED = _scenario(
+    "slow", "--slow-rank", "1", "--slow-ms", "60", "--slow-phase", "forward",
+    "--clip", "--groups", "2", save=False,
+)  # fmt: skip
+BPPS_FP16 = _scenario("bpps_fp16", "--bpps", "2", "--fp16", save=False)
+#: Its trace directory under a regular file: it cannot be made.
+UNWRITABLE = scenario(
+    "record_unwritable", *COMMON, "--trace-dir", "{base}/not_a_dir/trace",
+    files={"not_a_dir": "a regular file"},
+)  # fmt: skip
+
+
+def _launch(batched, sc: Scenario, traced: bool = True) -> Job:
+    """The finished job of ``sc`` (run with others in one launch: ``batched``)."""
+    done = batched(sc)
+    params = done.base / "params.pt"
+    job = Job(done.proc, done.trace, params if "--save-params" in sc.argv else None)
+    assert f"rank 0: {STEPS} steps" in job.proc.stdout, job.context()
     if traced:
-        job.run = load_run(trace_dir)
+        job.run = load_run(job.trace_dir)
     return job
 
 
@@ -88,40 +109,26 @@ def plain(plain_run) -> Job:
 
 
 @pytest.fixture(scope="module")
-def untraced(tmp_path_factory) -> Job:
-    return _launch(tmp_path_factory, "untraced", "--no-trace", traced=False)
+def untraced(batched) -> Job:
+    return _launch(batched, UNTRACED, traced=False)
 
 
 @pytest.fixture(scope="module")
-def hvtrace_off(tmp_path_factory) -> Job:
-    return _launch(tmp_path_factory, "off", env={"HVTRACE": "0"}, traced=False)
+def hvtrace_off(batched) -> Job:
+    return _launch(batched, OFF, traced=False)
 
 
 @pytest.fixture(scope="module")
-def slowed(tmp_path_factory) -> Job:
-    """Rank 1 60 ms slower in its forward; every rank clipping its gradients between Horovod's
-    synchronize() and the update (``--clip``), its parameters in 2 groups (``--groups 2``).
-    Independent of each other: the delay is in the forward, the clipping after the backward's
-    wait, the same on both ranks; each test reads its own part of this one launch."""
-    return _launch(
-        tmp_path_factory,
-        "slow",
-        "--slow-rank",
-        "1",
-        "--slow-ms",
-        "60",
-        "--slow-phase",
-        "forward",
-        "--clip",
-        "--groups",
-        "2",
-        save=False,
-    )
+def slowed(batched) -> Job:
+    """``SLOWED``: the delay and the clipping are independent of each other (the delay is in
+    the forward, the clipping after the backward's wait, the same on both ranks); each test
+    reads its own part of this one job."""
+    return _launch(batched, SLOWED)
 
 
 @pytest.fixture(scope="module")
-def bpps_fp16(tmp_path_factory) -> Job:
-    return _launch(tmp_path_factory, "bpps_fp16", "--bpps", "2", "--fp16", save=False)
+def bpps_fp16(batched) -> Job:
+    return _launch(batched, BPPS_FP16)
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +138,9 @@ def clip_groups(slowed: Job) -> Job:
 
 
 @pytest.fixture(scope="module")
-def unwritable(tmp_path_factory) -> Job:
-    base = tmp_path_factory.mktemp("unwritable")
-    blocker = base / "not_a_dir"
-    blocker.write_text("a regular file")
-    trace_dir = blocker / "trace"
-    proc = run_train(*COMMON, "--trace-dir", str(trace_dir), cwd=base)
-    return Job(proc, trace_dir)
+def unwritable(batched) -> Job:
+    done = batched(UNWRITABLE)
+    return Job(done.proc, done.base / "not_a_dir" / "trace")
 
 
 # -- helpers --------------------------------------------------------------------------------------

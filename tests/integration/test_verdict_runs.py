@@ -1,5 +1,6 @@
 """Verdicts on real jobs on a busy host (issue 45): real ``horovodrun -np 2 --gloo`` runs of the
-demo while a neighbour process keeps one core busy for the whole job.
+demo while a neighbour process keeps one core busy for the whole job (both jobs, one after the
+other, in one launch: ``tests/batch_train.py``).
 
 - rank 1 sleeps 30 ms in its input from step 60 of 150: the report names rank 1, its input (or
   the ``data`` span inside it), blocked, from step 60 (+-5); live detection (a window every 20
@@ -19,10 +20,9 @@ import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from helpers import run_train, tail
+from helpers import Scenario, tail, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -45,17 +45,29 @@ def busy_neighbour() -> Iterator[None]:
         p.wait()
 
 
-def _run(tmp_path: Path, *args: str):
-    trace = tmp_path / "trace"
+#: both jobs in one launch of their own (group ``busy``), run with a busy neighbour throughout
+SLEEPING = traced_scenario(
+    "verdict_sleeping", *COMMON, "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "input",
+    "--slow-from-step", "60", env=LIVE, group="busy",
+)  # fmt: skip
+BALANCED = traced_scenario("verdict_balanced", *COMMON, env=LIVE, group="busy")
+
+
+@pytest.fixture(scope="module")
+def busy_runs(batched) -> None:
+    """Both jobs, run (one launch) beside a process that keeps one core busy."""
     with busy_neighbour():
-        proc = run_train(*COMMON, "--trace-dir", str(trace), *args, cwd=tmp_path, env=LIVE)
-    assert f"rank 0: {STEPS} steps" in proc.stdout, tail(proc.stderr)
-    return analyze(load_run(trace))
+        batched(SLEEPING)
 
 
-def test_a_rank_that_starts_sleeping_mid_run_is_named_on_a_busy_host(tmp_path: Path) -> None:
-    a = _run(tmp_path, "--slow-rank", "1", "--slow-ms", "30", "--slow-phase", "input",
-             "--slow-from-step", "60")  # fmt: skip
+def _run(batched, sc: Scenario):
+    job = batched(sc)
+    assert f"rank 0: {STEPS} steps" in job.stdout, tail(job.stderr)
+    return analyze(load_run(job.trace))
+
+
+def test_a_rank_that_starts_sleeping_mid_run_is_named_on_a_busy_host(batched, busy_runs) -> None:
+    a = _run(batched, SLEEPING)
     why = (a.verdicts.to_string(), [f.message for f in a.findings])
     assert a.stragglers["rank"].tolist() == [1], why
     s = a.stragglers.iloc[0]
@@ -66,8 +78,8 @@ def test_a_rank_that_starts_sleeping_mid_run_is_named_on_a_busy_host(tmp_path: P
     assert late[0]["phase"] in ("input", "data") and late[0]["cause"] == "blocked", a.live
 
 
-def test_a_balanced_job_on_a_busy_host_names_no_rank(tmp_path: Path) -> None:
-    a = _run(tmp_path)
+def test_a_balanced_job_on_a_busy_host_names_no_rank(batched, busy_runs) -> None:
+    a = _run(batched, BALANCED)
     why = (a.verdicts.to_string(), [f.message for f in a.findings])
     assert a.stragglers.empty and a.slow_hosts.empty, why
     kinds = {f.kind for f in a.findings if f.severity == "warning"}
