@@ -1,10 +1,11 @@
 """PyTorch Lightning under real Horovod: ``Trainer(strategy="horovod")`` with ``HvtraceCallback``.
 
-Five ``horovodrun -np 2 --gloo`` launches of ``hvtrace.examples.train_lightning`` (a 2-layer,
+Five ``horovodrun -np 2 --gloo`` jobs of ``hvtrace.examples.train_lightning`` (a 2-layer,
 64-wide MLP on synthetic data, 30 steps, a few seconds each): traced with validation, checkpoints
 and a CSV logger; the same without the callback; the callback with ``HVTRACE=0``; traced with
-rank 1 sleeping 40 ms in its forward; and rank 0 alone told to stop at step 16. Skipped when
-pytorch-lightning is not installed (``pip install -e '.[lightning]'``).
+rank 1 sleeping 40 ms in its forward (these four one after another in one launch:
+``tests/batch_train.py``); and rank 0 alone told to stop at step 16 (a launch of its own).
+Skipped when pytorch-lightning is not installed (``pip install -e '.[lightning]'``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import LIGHTNING_JOB_MARKS, analyze_cli, describe, run_horovodrun, tail
+from helpers import (
+    LIGHTNING_JOB_MARKS,
+    analyze_cli,
+    describe,
+    run_horovodrun,
+    scenario,
+    tail,
+)
 
 from hvtrace.analysis import analyze
 from hvtrace.load import Run, load_run
@@ -63,40 +71,45 @@ def _launch(tmp_path_factory, name: str, *args: str, env=None, done: int = STEPS
     return job
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory) -> Job:
-    base = tmp_path_factory.mktemp("ckpt_logs")
-    return _launch(
-        tmp_path_factory,
-        "traced",
-        *FEATURES,
-        "--ckpt-dir",
-        str(base / "ckpt"),
-        "--log-dir",
-        str(base / "logs"),
+LIGHTNING = "hvtrace.examples.train_lightning"
+
+
+def _scenario(name: str, *args: str, env=None) -> object:
+    """The example with ``COMMON`` and ``args``, its trace and parameters in the job's directory:
+    the Lightning jobs share a launch (group ``lightning``: ``tests/batch_train.py``)."""
+    out = ["--trace-dir", "{base}/trace", "--save-params", "{base}/params.pt"]
+    return scenario(
+        f"lightning_{name}", *COMMON, *out, *args, env=env, group="lightning", module=LIGHTNING
     )
 
 
-@pytest.fixture(scope="module")
-def untraced(tmp_path_factory) -> Job:
-    base = tmp_path_factory.mktemp("ckpt_logs_untraced")
-    return _launch(
-        tmp_path_factory,
-        "untraced",
-        "--no-trace",
-        *FEATURES,
-        "--ckpt-dir",
-        str(base / "ckpt"),
-        "--log-dir",
-        str(base / "logs"),
-    )
+CKPT_LOGS = ["--ckpt-dir", "{base}/ckpt", "--log-dir", "{base}/logs"]
+TRACED = _scenario("traced", *FEATURES, *CKPT_LOGS)
+UNTRACED = _scenario("untraced", "--no-trace", *FEATURES, *CKPT_LOGS)
+SLOWED = _scenario("slowed", "--slow-rank", "1", "--slow-ms", "40", "--slow-phase", "forward")
+OFF = _scenario("off", env={"HVTRACE": "0"})
+
+
+def _batched(batched, sc) -> Job:
+    done = batched(sc)
+    job = Job(done.proc, done.base)
+    assert f"rank 0: {STEPS} steps" in job.proc.stdout, job.context()
+    return job
 
 
 @pytest.fixture(scope="module")
-def slowed(tmp_path_factory) -> Job:
-    return _launch(
-        tmp_path_factory, "slowed", "--slow-rank", "1", "--slow-ms", "40", "--slow-phase", "forward"
-    )
+def traced(batched) -> Job:
+    return _batched(batched, TRACED)
+
+
+@pytest.fixture(scope="module")
+def untraced(batched) -> Job:
+    return _batched(batched, UNTRACED)
+
+
+@pytest.fixture(scope="module")
+def slowed(batched) -> Job:
+    return _batched(batched, SLOWED)
 
 
 def _spans(run: Run, rank: int) -> pd.DataFrame:
@@ -219,10 +232,10 @@ def test_parameters_bit_identical_with_and_without_the_callback(traced: Job, unt
     assert not untraced.trace_dir.exists()
 
 
-def test_hvtrace_0_is_a_no_op(tmp_path_factory, untraced: Job) -> None:
+def test_hvtrace_0_is_a_no_op(batched, untraced: Job) -> None:
     import torch
 
-    job = _launch(tmp_path_factory, "off", env={"HVTRACE": "0"})
+    job = _batched(batched, OFF)
     assert not job.trace_dir.exists(), list(job.base.rglob("*"))
     assert "hvtrace:" not in job.proc.stderr, job.context()  # no warning of hvtrace's
     a = torch.load(job.params, map_location="cpu", weights_only=True)

@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from helpers import LIGHTNING_JOB_MARKS, run_horovodrun, tail
+from helpers import LIGHTNING_JOB_MARKS, Scenario, run_horovodrun, tail, traced_scenario
 
 from hvtrace.analysis import analyze
 from hvtrace.analysis.model import Analysis
@@ -54,6 +54,7 @@ _jobs: dict[tuple[str, ...], Job] = {}
 
 
 def _job(tmp_path_factory, *args: str) -> Job:
+    """A launch of its own: a job that stops one rank early or skips a step on one."""
     if args not in _jobs:
         base = tmp_path_factory.mktemp("lightning_lockstep")
         cmd = [sys.executable, "-m", "hvtrace.examples.train_lightning", *COMMON, *args]
@@ -62,6 +63,21 @@ def _job(tmp_path_factory, *args: str) -> Job:
         assert "rank 0:" in proc.stdout, tail(proc.stderr)
         _jobs[args] = Job(base, proc.stdout, proc.stderr)
     return _jobs[args]
+
+
+def _scenario(name: str, *args: str) -> Scenario:
+    """A job that runs on every rank to its end: with the other Lightning jobs, in one launch
+    (group ``lightning``: ``tests/batch_train.py``)."""
+    return traced_scenario(
+        f"lightning_lockstep_{name}", *COMMON, *args,
+        group="lightning", module="hvtrace.examples.train_lightning",
+    )  # fmt: skip
+
+
+def _batched(batched, sc: Scenario) -> Job:
+    done = batched(sc)
+    assert "rank 0:" in done.stdout, tail(done.stderr)
+    return Job(done.base, done.stdout, done.stderr)
 
 
 def _updates(run_dir: Path) -> dict[int, int]:
@@ -74,12 +90,16 @@ def _updates(run_dir: Path) -> dict[int, int]:
 
 # -- accumulation ----------------------------------------------------------------------------------
 ACCUMULATE = ["--steps", "20", "--epochs", "2", "--count-updates"]
+ACCUMULATE_2 = _scenario("acc2", *ACCUMULATE, "--accumulate", "2")
+ACCUMULATE_1 = _scenario("acc1", *ACCUMULATE, "--accumulate", "1")
+UNSYNCED = _scenario("unsynced", *CALLBACKS, "--val-unsynced", "--ckpt-dir", "ckpt")
+SYNCED = _scenario("synced", *CALLBACKS, "--ckpt-dir", "ckpt")
 
 
 def test_accumulation_that_updates_every_micro_batch_is_named_with_the_real_counts(
-    tmp_path_factory,
+    batched,
 ) -> None:
-    job = _job(tmp_path_factory, *ACCUMULATE, "--accumulate", "2")
+    job = _batched(batched, ACCUMULATE_2)
     counted = {r: int(n) for r, n in job.printed(r"(\d+) optimizer updates").items()}
     global_steps = int(job.printed(r"(\d+) steps")[0])
     # what the job did, counted by torch's hooks: an update per micro-batch, 2 per global step
@@ -105,8 +125,8 @@ def test_accumulation_that_updates_every_micro_batch_is_named_with_the_real_coun
     ]
 
 
-def test_no_accumulation_is_quiet(tmp_path_factory) -> None:
-    job = _job(tmp_path_factory, *ACCUMULATE, "--accumulate", "1")
+def test_no_accumulation_is_quiet(batched) -> None:
+    job = _batched(batched, ACCUMULATE_1)
     counted = {r: int(n) for r, n in job.printed(r"(\d+) optimizer updates").items()}
     assert counted == {0: 20, 1: 20} and _updates(job.base / "trace") == counted
     assert job.kinds("accumulation", "lockstep", "callback_decision", "best_checkpoint") == []
@@ -144,8 +164,8 @@ def test_a_training_step_skipped_on_one_rank_is_named_at_its_step(tmp_path_facto
 
 
 # -- what the callbacks did ------------------------------------------------------------------------
-def test_callbacks_deciding_on_one_ranks_view_are_named_at_their_step(tmp_path_factory) -> None:
-    job = _job(tmp_path_factory, *CALLBACKS, "--val-unsynced", "--ckpt-dir", "ckpt")
+def test_callbacks_deciding_on_one_ranks_view_are_named_at_their_step(batched) -> None:
+    job = _batched(batched, UNSYNCED)
     stopped_at = int(job.printed(r"(\d+) steps")[0])
     assert stopped_at == 30, job.stdout  # the third validation, not max_steps=40
     found = {(d["callback"], d["decision"]): d for d in job.a.trainer["decisions"]}
@@ -177,8 +197,8 @@ def test_callbacks_deciding_on_one_ranks_view_are_named_at_their_step(tmp_path_f
     ]
 
 
-def test_the_same_callbacks_on_an_averaged_metric_are_quiet(tmp_path_factory) -> None:
-    job = _job(tmp_path_factory, *CALLBACKS, "--ckpt-dir", "ckpt")
+def test_the_same_callbacks_on_an_averaged_metric_are_quiet(batched) -> None:
+    job = _batched(batched, SYNCED)
     best = job.printed(r"best checkpoint (\S+)")
     assert best[0] == best[1], job.stdout
     assert job.a.trainer.get("decisions") == [] and job.a.trainer.get("best_checkpoints") == []

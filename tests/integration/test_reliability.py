@@ -1,5 +1,6 @@
 """Survival under real ``horovodrun --gloo``: a killed rank, a stopped job, a file-size limit and a
-writer that falls behind. Each test launches one real Horovod job of the demo trainer."""
+writer that falls behind. Each test launches real Horovod jobs of the demo trainer (the last
+its two, in one launch)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import describe, horovodrun_path, job_env, run_train
+from helpers import describe, horovodrun_path, job_env, ran_steps, traced_scenario
 
 from hvtrace.cli import main as cli_main
 from hvtrace.format.read import read_rank_file
@@ -188,20 +189,18 @@ def test_file_size_limit_mid_run_training_finishes_with_one_warning(tmp_path):
         assert not f.complete
 
 
-def test_writer_falling_behind_drops_and_counts_spans(tmp_path):
-    full = tmp_path / "full"
-    lagging = tmp_path / "lagging"
-    steps = ["--steps", "60"]
-    run_train("--trace-dir", full, *steps, *SMALL)
-    run_train(
-        "--trace-dir",
-        lagging,
-        *steps,
-        *SMALL,
-        env={"HVTRACE_BUFFER_SPANS": "40", "HVTRACE_FLUSH_S": "2"},
-    )
-    ref = load_run(full)
-    got = load_run(lagging)
+#: the same job recorded in full and with a writer that falls behind (one launch, one after the
+#: other: ``tests/batch_train.py``)
+FULL = traced_scenario("reliability_full", "--steps", "60", *SMALL)
+LAGGING = traced_scenario(
+    "reliability_lagging", "--steps", "60", *SMALL,
+    env={"HVTRACE_BUFFER_SPANS": "40", "HVTRACE_FLUSH_S": "2"},
+)  # fmt: skip
+
+
+def test_writer_falling_behind_drops_and_counts_spans(batched):
+    ref = load_run(ran_steps(batched(FULL), 60))
+    got = load_run(batched(LAGGING).trace)
     for r in (0, 1):
         f = got.files[r]
         assert f.dropped > 0, "a 40-span buffer flushed every 2 s must overflow"
