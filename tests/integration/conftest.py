@@ -198,6 +198,11 @@ def _run_launch(
                 f"launch (horovodrun exit {proc.returncode}, ranks' ends {rcs})\n"
                 f"stdout:\n{tail(mine.stdout, 15)}\nstderr:\n{tail(mine.stderr)}"
             )
+    if proc.returncode != 0 and all(isinstance(r, RecordedJob) for r in results.values()):
+        # every job it began ended well, and yet the launch failed (at exit, or before a job
+        # began): as a launch of its own would have, it fails each of its jobs
+        why = f"batched launch of {[s.name for s in jobs]} exited {proc.returncode}\n"
+        results = {n: why + f"stderr:\n{tail(proc.stderr)}" for n in results}
     return results
 
 
