@@ -61,7 +61,6 @@ def main(spec_path: str) -> int:
         except BaseException:  # noqa: BLE001 - reported, then the launch ends
             traceback.print_exc()
             _say(f"{MARK} end {job['name']} rc=failed")
-            sys.stdout.flush()
             os._exit(1)
         _say(f"{MARK} end {job['name']} rc={rc}")
     return 0

@@ -217,22 +217,13 @@ def run_train(
     )
 
 
-def recorded_job(base: Path, steps: int, *train_args: str) -> Path:
-    """Run the demo for ``steps`` steps (``train_args`` include ``--steps``) with its trace in
-    ``base/trace``; check it ran them all and return the trace directory."""
-    trace = base / "trace"
-    proc = run_train(*train_args, "--trace-dir", str(trace), cwd=base)
-    assert f"rank 0: {steps} steps" in proc.stdout, tail(proc.stderr)
-    return trace
-
-
 # -- jobs run several to a launch (tests/batch_train.py; tests/integration/conftest.py) ------------
 @dataclass(frozen=True)
 class Scenario:
     """One job of ``hvtrace.examples.train`` (or another ``module``'s ``main``) that the
-    integration tests read: its arguments
-    (``{base}`` stands for the job's own directory, made when it runs; its trace goes where
-    ``--trace-dir`` says) and the ``HVTRACE*`` settings it is run with.
+    integration tests read: its arguments (``{base}`` stands for the job's own directory, made
+    when it runs; its trace goes where ``--trace-dir`` says) and the ``HVTRACE*`` settings it is
+    run with.
 
     Jobs of the same ``np`` run one after another in one ``horovodrun`` launch
     (``tests/batch_train.py``, the ``batched`` fixture): each is the same ``main(argv)`` a launch
