@@ -9,11 +9,11 @@ a rank (``bench/overhead.py`` reports it per step), on a core the job may need. 
 encoding the same entries, side by side in one process, best of ``--reps``:
 
 - ``tuples``: :func:`hvtrace.record.rows.expand` makes one tuple per allreduced tensor, and the
-  encoder transposes the tuples into columns (what the CUDA path still does: its tokens are
-  resolved row by row);
+  encoder transposes the tuples into columns (what the CUDA path did until its tokens were
+  resolved per entry, 2026-11-28);
 - ``columns``: the encoder takes the allreduces as they are and builds their columns directly,
   reusing the last synchronize's tensor columns (names, bytes, dtypes) when its tensors are the
-  same (what a host-timed rank does).
+  same (what every rank does).
 
 Both batches are compared column by column before any figure is printed.
 """

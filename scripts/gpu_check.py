@@ -183,6 +183,13 @@ def run_job(args: argparse.Namespace) -> None:
     order = []
     for p in range(args.ab_pairs):
         order += [False, True] if p % 2 == 0 else [True, False]
+    writer = rec.writer
+    parts: dict[str, list[float]] = {}
+    if writer is not None:  # the writer's CPU over the A/B, per traced step (below)
+        writer.flush(final=False)
+        w0 = writer.cpu_s
+        if os.environ.get("GC_WRITER_PARTS") == "1":  # where the writer thread's time goes
+            parts = _time_writer_parts(tracer.timer, writer)
     for enabled in order:
         rec.enabled = enabled
         sync()
@@ -195,6 +202,20 @@ def run_job(args: argparse.Namespace) -> None:
         )
     rec.enabled = True
     out["ab_blocks"] = blocks
+    if writer is not None:  # what the writer thread spent on the traced blocks' spans
+        sync()
+        writer.flush(final=False)
+        traced_steps = sum(args.block_steps for b in blocks if b["traced"])
+        out["writer_cpu_us_per_step"] = (writer.cpu_s - w0) * 1e6 / max(1, traced_steps)
+        if parts:
+            out["writer_parts_us_per_step"] = {
+                k: {
+                    "calls": v[0] / traced_steps,
+                    "cpu": v[1] / traced_steps * 1e6,
+                    "wall": v[2] / traced_steps * 1e6,
+                }
+                for k, v in parts.items()
+            }
 
     # 2. sync debug mode: synchronizing torch calls per block
     if cuda:
@@ -272,6 +293,35 @@ def run_job(args: argparse.Namespace) -> None:
     hvtrace.finish()
     out["trace_files"] = [p.name for p in sorted((work / "run").glob("*"))]
     (work / "job.json").write_text(json.dumps(out, indent=1))
+
+
+def _time_writer_parts(timer: Any, writer: Any) -> dict[str, list[float]]:
+    """Wrap the writer's parts (the timer's ready, resolve and keep_tied, the file's encode and
+    write_batch, the status) with counters of calls, thread CPU and wall seconds."""
+    parts: dict[str, list[float]] = {}
+
+    def wrap(obj: Any, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+        acc = parts.setdefault(label, [0, 0.0, 0.0])
+
+        def timed(*a: Any, **k: Any) -> Any:
+            c0, w0 = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[0] += 1
+                acc[1] += time.thread_time() - c0
+                acc[2] += time.perf_counter() - w0
+
+        setattr(obj, name, timed)
+
+    for name in ("ready", "resolve", "keep_tied"):
+        wrap(timer, name, name)
+    wrap(writer.file, "encode", "encode")
+    wrap(writer.file, "write_batch", "write_batch")
+    wrap(writer, "_status", "status")
+    wrap(writer, "_flush_locked", "flush")
+    return parts
 
 
 def _event_costs(torch: Any, tracer: Any, device: Any, n: int = 2000) -> dict[str, Any]:
@@ -745,7 +795,20 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"traced {ab['traced_ms']:.3f}; overhead median {100 * ab['overhead_median']:+.2f}% "
             f"[{100 * ab['overhead_min']:+.2f}..{100 * ab['overhead_max']:+.2f}] "
             f"over {ab['pairs']} pairs"
+            + (
+                f"; writer thread {r['job']['writer_cpu_us_per_step']:.0f} us CPU per traced step"
+                if "writer_cpu_us_per_step" in r["job"]
+                else ""
+            )
         )
+        wp = r["job"].get("writer_parts_us_per_step")
+        if wp:
+            lines.append(
+                f"{m}: writer per traced step (calls, us CPU, us wall): "
+                + ", ".join(
+                    f"{k} {v['calls']:.1f}/{v['cpu']:.0f}/{v['wall']:.0f}" for k, v in wp.items()
+                )
+            )
         sd = r["job"].get("sync_debug")
         if sd:
             n_off, n_on = sd["untraced"]["n"], sd["traced"]["n"]

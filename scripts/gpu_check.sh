@@ -117,7 +117,8 @@ gcc -O2 -fPIC -I"$PYINC" -c hvtrace/record/_hot.c -o /tmp/gc-hot.o &&
 "$PY" -c "from hvtrace.record import native; print('[env] hvtrace hot path:', native._hot is not None)"
 
 say "checks (scripts/gpu_check.py)"
-# GC_MODELS: a shorter rerun (say resnet50,mlp); GC_TWO_RANKS=0 skips the two-rank probe
+# GC_MODELS: a shorter rerun (say resnet50,mlp); GC_TWO_RANKS=0 skips the two-rank probe;
+# GC_WRITER_PARTS=1 times the writer thread's parts (event queries, resolves, encoding) per step
 timeout 330 "$PY" scripts/gpu_check.py --out "$OUT" ${GC_MODELS:+--models "$GC_MODELS"}
 rc=$?
 [ "${GC_TWO_RANKS:-1}" = 0 ] && { say "done (checks rc=$rc)"; exit $rc; }

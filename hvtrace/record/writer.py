@@ -145,7 +145,7 @@ class BatchEncoder:
     def encode(self, entries: list) -> pa.RecordBatch:
         """Return one record batch holding ``entries``: rows (tuples of resolved ints, see
         :mod:`hvtrace.record.rows`; rows without readings get null ``cpu_ns`` and ``runq_ns``)
-        and, with host timers, unexpanded :class:`~hvtrace.record.rows.Allreduces`, whose rows
+        and unexpanded :class:`~hvtrace.record.rows.Allreduces` (their tokens resolved), whose rows
         are the ones :func:`~hvtrace.record.rows.expand` makes, in the same places, built as
         columns (no tuple per tensor: a 152-tensor model's step costs the writer about 3x less,
         bench/writer_cost.py)."""
@@ -449,6 +449,66 @@ def _release_unheld(timer: Any, tokens: dict[int, Any]) -> None:
             timer.release(tok)
 
 
+def resolve_tokens(timer: Any, entries: list, final: bool) -> tuple[list, list, dict[int, Any]]:
+    """Resolve the CUDA-event tokens of buffer ``entries`` (rows and
+    :class:`~hvtrace.record.rows.Allreduces`) with ``timer``.
+
+    Returns ``(ready, waiting, back)``: the entries whose every token has completed, with ns ints
+    in their place (an ``Allreduces`` stays one entry, for the encoder's columns); the entries
+    still waiting for an event (tried again at the next flush); and the resolved events by id,
+    to give back to the pool. Each event is queried and resolved once, however many spans share
+    it (a synchronize's end is every one of its tensors' end). ``final`` waits for every event
+    (only at close, off the training loop)."""
+    known: dict[int, Any] = {}  # id(event) -> its ns, or None while it has not completed
+    events: dict[int, Any] = {}
+
+    def ns(tok: Any) -> Any:
+        if type(tok) is int:
+            return tok
+        k = id(tok)
+        try:
+            return known[k]
+        except KeyError:
+            pass
+        if final:
+            tok.synchronize()
+        t = timer.resolve(tok) if timer.ready(tok) else None
+        known[k], events[k] = t, tok
+        return t
+
+    ready: list = []
+    waiting: list = []
+    for e in entries:
+        if type(e) is tuple:
+            s, t = ns(e[START]), ns(e[END])
+            if s is None or t is None:
+                waiting.append(e)
+            else:
+                ready.append((*e[:START], s, t, *e[BYTES:]))
+            continue
+        # the end first: recorded after the starts, it has not completed when they have not
+        end = ns(e.end)
+        starts = [ns(c[0]) for c in e.enqueued] if end is not None else None
+        done = None
+        if starts is not None and None not in starts:
+            done = [(h, ns(t)) for h, t in e.done]  # host-clock ints (wait returns)
+        if done is None or any(t is None for _, t in done):
+            waiting.append(e)
+        else:
+            enq = [(s, key, h) for s, (_, key, h) in zip(starts, e.enqueued)]
+            ready.append(e._replace(enqueued=enq, done=done, end=end))
+    held = {id(t) for e in waiting for t in _tokens(e)}
+    back = {k: tok for k, tok in events.items() if known[k] is not None and k not in held}
+    return ready, waiting, back
+
+
+def _tokens(entry: Any) -> list:
+    """The timer tokens an unresolved buffer entry holds."""
+    if type(entry) is tuple:
+        return [entry[START], entry[END]]
+    return [c[0] for c in entry.enqueued] + [t for _, t in entry.done] + [entry.end]
+
+
 class BackgroundWriter:
     """Owns a rank's trace file and the thread that fills it from ``buffer``.
 
@@ -509,29 +569,14 @@ class BackgroundWriter:
         entries = [buf.popleft() for _ in range(len(buf))]
         timer = self._timer
         ready, waiting = [], []
-        if timer.is_cuda:  # rows, their tokens resolved (the encoder takes allreduces as they are)
+        if timer.is_cuda:  # the entries, their tokens resolved (allreduces kept unexpanded)
             timer.keep_tied()  # the device and host clocks re-tied about once a second
-            rows = rows_mod.expand(entries, self._pending)
-            done = []
-            for r in rows:
-                if final:
-                    for tok in (r[START], r[END]):
-                        if not isinstance(tok, int):
-                            tok.synchronize()  # off the training loop: only at close
-                if timer.ready(r[START]) and timer.ready(r[END]):
-                    s, e = timer.resolve(r[START]), timer.resolve(r[END])
-                    done.append(r)
-                    ready.append((*r[:START], s, e, *r[BYTES:]))
-                else:
-                    waiting.append(r)
-            # A token may be shared by several rows (a step boundary, a synchronize's end) and
-            # still be held by the tracer (the next step starts where this one ended): give each
-            # back to the pool once, and only when nothing else holds it (its reference count:
-            # the dict below, the loop variable and getrefcount's argument), else let it go.
-            held = {id(t) for r in waiting for t in (r[START], r[END])}
-            back = {id(t): t for r in done for t in (r[START], r[END]) if id(t) not in held}
-            self._pending = waiting
-            rows = done = entries = r = tok = None  # drop this frame's references to tokens
+            entries = self._pending + entries
+            ready, waiting, back = resolve_tokens(timer, entries, final)
+            self._pending = waiting  # before the release: the old list held the tokens too
+            entries = None  # drop this frame's references to the tokens
+            # a token may still be held by the tracer (the next step starts where this one
+            # ended): given back only when nothing else holds it (its reference count)
             _release_unheld(timer, back)
         else:
             ready = entries

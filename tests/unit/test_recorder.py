@@ -365,16 +365,17 @@ def test_writer_error_in_background_thread(
 
 
 class _Event:
-    """A stand-in for a completed CUDA event (the writer's view: query, synchronize)."""
+    """A stand-in for a CUDA event (the writer's view: query, synchronize), completed unless
+    ``done`` is False (``synchronize`` completes it)."""
 
-    def __init__(self, t: int) -> None:
-        self.t = t
+    def __init__(self, t: int, done: bool = True) -> None:
+        self.t, self.done = t, done
 
     def query(self) -> bool:
-        return True
+        return self.done
 
     def synchronize(self) -> None:
-        pass
+        self.done = True
 
 
 class _FakeCudaTimer:
@@ -383,14 +384,16 @@ class _FakeCudaTimer:
 
     def __init__(self) -> None:
         self.released: list = []
+        self.resolved: list = []
 
     @staticmethod
     def ready(tok) -> bool:
         return isinstance(tok, int) or tok.query()
 
-    @staticmethod
-    def resolve(tok) -> int:
-        return tok if isinstance(tok, int) else tok.t
+    def resolve(self, tok) -> int:
+        t = tok if isinstance(tok, int) else tok.t
+        self.resolved.append(t)  # the time, not the event (held, it would never go back)
+        return t
 
     def release(self, tok) -> None:
         self.released.append(tok)
@@ -414,6 +417,47 @@ def test_cuda_events_go_back_to_the_pool_once_and_only_when_free(tmp_path: Path,
     rec.close()
     rows = sorted(_rows(read_rank_file(_closed(rec))), key=lambda r: r["start_ns"])
     assert [(r["start_ns"], r["end_ns"]) for r in rows] == [(10, 20), (20, 30)]
+
+
+def test_cuda_allreduces_are_resolved_once_per_event_and_wait_whole(
+    tmp_path: Path, recorders
+) -> None:
+    """A synchronize's allreduces with CUDA-event starts and end: each event is resolved once
+    (the end is every tensor's end), the entry is written as its tensors' rows with those times,
+    and one whose event has not completed waits whole for the next flush (no tensor of it
+    written before)."""
+    timer = _FakeCudaTimer()
+    rec = recorders(tmp_path, timer=timer, flush_interval_s=NEVER)
+    meta = {1: (["a", "b"], [8, 16], [DTYPE_CODE["float32"]] * 2), 2: (["c"], [4], [1])}
+    end = _Event(900)
+    first = Allreduces(
+        0,
+        0,
+        1,
+        [(_Event(100), 1, (11, None)), (_Event(200), 2, (12, None))],
+        [(12, 500)],
+        end,
+        meta,
+    )
+    late_start = _Event(1100, done=False)
+    second = Allreduces(1, 0, 1, [(late_start, 1, (13, None))], [], _Event(1900), meta)
+    rec.extend([first, second])
+    del first, second, end
+    rec.flush()
+    assert sorted(timer.resolved) == [100, 200, 900, 1900]  # once each; 500 a host int
+    assert [r["step"] for r in _rows(read_rank_file(rec.path))] == [0, 0, 0]
+    late_start.done = True
+    rec.flush()
+    rec.close()
+    rows = _rows(read_rank_file(_closed(rec)))
+    got = sorted((r["step"], r["name"], r["start_ns"], r["end_ns"], r["bytes"]) for r in rows)
+    assert got == [
+        (0, "a", 100, 900, 8),
+        (0, "b", 100, 900, 16),
+        (0, "c", 200, 500, 4),  # its handle's wait returned first, on the host clock
+        (1, "a", 1100, 1900, 8),
+        (1, "b", 1100, 1900, 16),
+    ]
 
 
 def test_a_recorder_notes_a_stall_in_its_file(tmp_path, recorders, monkeypatch) -> None:
