@@ -104,6 +104,8 @@ def write_synth_run(
     slow_cause: str = "work",
     runq_frac: float = 0.0,
     counters_every: int = 1,
+    slow_speed: float = 1.0,
+    speed_phases: tuple[str, ...] = PHASES,
 ) -> int:
     """Write the run into ``out_dir``; return the number of spans written.
 
@@ -117,6 +119,9 @@ def write_synth_run(
     a CPU on every rank (an oversubscribed host); the wait phase spends 5 % on a CPU.
     ``counters_every``: the counters are read on the steps it divides only (short steps, see
     ``$HVTRACE_COUNTERS_MS``); the other steps' spans have null ``cpu_ns``/``runq_ns``.
+    ``slow_speed``: ``slow_rank``'s ``speed_phases`` take that many times as long, all of it CPU
+    time (the same work on a slower processor: every phase; more data per step: not the
+    update).
     """
     if slow_phase not in PHASES:
         raise ValueError(f"slow_phase must be one of {PHASES}")
@@ -167,6 +172,9 @@ def write_synth_run(
         for i in range(nb):
             s = b0 + i
             jit = rng.normal(1.0, 0.03, (4, ranks)).clip(0.8, 1.3)
+            if 0 <= slow_rank < ranks:
+                for p in speed_phases:
+                    jit[PHASES.index(p), slow_rank] *= slow_speed
             extra = {p: (slow if slow_phase == p else 0) for p in PHASES}
             d_in = (2 * MS * jit[0]).astype(np.int64) + extra["input"]
             d_fw = (8 * MS * jit[1]).astype(np.int64) + extra["forward"]

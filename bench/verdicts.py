@@ -56,7 +56,18 @@ log = logging.getLogger("bench.verdicts")
 BIN = Path(sys.executable).parent
 
 #: Finding kinds that name a rank (or a host) as slow.
-RANK_KINDS = ("straggler", "contention", "rank0_blocking", "slow_host", "collective_wait")
+RANK_KINDS = (
+    "straggler",
+    "contention",
+    "rank0_blocking",
+    "slow_host",
+    "collective_wait",
+    "slow_processor",
+)
+#: Rank-level findings that are facts of the host, not of the job: a rank that runs slower in
+#: every phase, the update too (the same work on a slower or shared processor). Allowed on a
+#: clean job (listed in its notes); a fault case it is given for instead of the fault is wrong.
+HOST_RANK_KINDS = ("slow_processor",)
 
 
 #: Warnings a clean job must not get (a rank or host named slow, ranks apart); a host-level
@@ -69,7 +80,13 @@ RANK_KINDS = ("straggler", "contention", "rank0_blocking", "slow_host", "collect
 #: beside the score; its own case expects it.
 ANTIPATTERN_KINDS = ("unsharded_data", "manual_averaging", "sparse_as_dense", "shared_gpu")
 
-CLEAN_FORBIDDEN = (*RANK_KINDS, "divergence", "late_unexplained", "lockstep", *ANTIPATTERN_KINDS)
+CLEAN_FORBIDDEN = (
+    *(k for k in RANK_KINDS if k not in HOST_RANK_KINDS),
+    "divergence",
+    "late_unexplained",
+    "lockstep",
+    *ANTIPATTERN_KINDS,
+)
 
 
 def _host_level(f: dict[str, Any]) -> bool:
@@ -538,6 +555,11 @@ def score_live(case: Case, rep: dict[str, Any], busy: bool, steps: int) -> dict[
     if exp is None and lock:
         return {**res, "score": "false_alarm", "evidence": [_short(e) for e in lock[:3]]}
     if exp is None or exp["kind"] in ("divergence", "finding"):
+        # a rank slower in every phase, the update too (cause speed) is its processor's, as the
+        # offline slow_processor finding: counted, not scored; a rank named for anything else is
+        # a false alarm
+        res["slower_lines"] = sum(e.get("cause") == "speed" for e in late)
+        late = [e for e in late if e.get("cause") != "speed"]
         if late:
             return {**res, "score": "false_alarm", "evidence": [_short(e) for e in late[:3]]}
         # a host short of CPU is a measurement of the host (its lines are counted, not scored)

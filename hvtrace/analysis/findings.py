@@ -71,6 +71,14 @@ CAUSE_WORDS: Final[dict[str, tuple[str, str, str]]] = {
         "(torch.set_num_threads / OMP_NUM_THREADS, fewer DataLoader workers), pin ranks to "
         "their own cores (horovodrun --binding-args, taskset), and keep other jobs off the host",
     ),
+    "speed": (
+        "the slowdown it shows in every phase",
+        "runs slower throughout",
+        "the same work takes this rank longer in every phase, the update too (the same optimizer "
+        "step on every rank): its processor is slower or shared, not its work: on a VM a vCPU "
+        "with steal time, a busy SMT sibling, a lower clock or thermal throttling; compare its "
+        "host and core with the others' (steal in top or vmstat, clocks), or move the rank",
+    ),
     "blocked": (
         "blocked, neither on a CPU nor waiting for one",
         "is blocked",
@@ -359,8 +367,7 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
         cause = str(s.get("cause") or "")
         head = f"straggler: {who}"
         if cause:
-            head = f"{'contention' if cause == 'contention' else 'straggler'}: {who} "
-            head += CAUSE_WORDS[cause][1]
+            head = f"{_CAUSE_HEADS.get(cause, 'straggler')}: {who} {CAUSE_WORDS[cause][1]}"
         msg = (
             f"{head}{':' if cause else ' is'} last to be ready in {s['last_share']:.0%} of "
             f"steps, median {s['late_ms']:.1f} ms after the first rank; {where}"
@@ -399,13 +406,19 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
             if threads_wait:
                 data["oversubscribed_host"] = str(oversubscribed[r].get("host", ""))
             data.update({f"{c}_ms": _f(s[f"{c}_ms"]) for c in ("work", "contention", "blocked")})
+            if cause == "speed":
+                data.update(speed_ms=_f(s["speed_ms"]), speed_ratio=_f(s["speed_ratio"]))
         data.update(cdata)
         for c in ("from_step", "to_step"):
             if c in s and pd.notna(s[c]):
                 data[c] = int(s[c])
         out.append(
-            Finding(
-                "contention" if cause == "contention" else "straggler",
+            Finding(  # waiting for a CPU and a slower processor are the host's, said as such
+                "contention"
+                if cause == "contention"
+                else "slow_processor"
+                if cause == "speed"
+                else "straggler",
                 sev,
                 msg,
                 float(s["late_ms"]),
@@ -428,6 +441,10 @@ def _episode_words(s: pd.Series) -> str:
     return f"(in steps {int(a)}-{int(b)})"
 
 
+#: How a straggler's line begins, by its cause (its finding's kind, in words).
+_CAUSE_HEADS: Final[dict[str, str]] = {"contention": "contention", "speed": "slow processor"}
+
+
 def cause_clause(s: pd.Series) -> str:
     """The part of a straggler's line that says why, for a row of ``Analysis.stragglers`` with a
     cause (", of which 11.8 ms waiting for a CPU on host vm (contention)"); "" without one."""
@@ -436,6 +453,8 @@ def cause_clause(s: pd.Series) -> str:
         return ""
     part = float(s[f"{cause}_ms"])
     host = f" on host {s['host']}" if cause == "contention" and s["host"] not in ("", "?") else ""
+    if cause == "speed":  # how much slower: the ratio of its other phases to the other ranks'
+        host = f" ({float(s['speed_ratio']):.2f}x the other ranks' time)"
     return f", of which {part:.1f} ms {CAUSE_WORDS[cause][0]}{host} ({cause})"
 
 

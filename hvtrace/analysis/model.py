@@ -176,12 +176,24 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "than a balanced run's noise, and its own phases explain that lateness (or one of its "
         "phases is consistently slower than the other ranks'). The finding names the phase and "
         "the cause: **work** (more CPU time), **blocked** (sleep, I/O, a lock, a queue), or, as "
-        "its own kind, contention.",
+        "their own kinds, contention and a slower processor.",
         "What a what-if replay of every step with this rank working like the others saves "
         "(`data.lost_ms_per_step`, `data.lost_share`); 'up to' where its host is short of CPU.",
         "By cause: give every rank the same work (data shards, batch sizes); move blocking I/O "
         "off the training loop (prefetch, more DataLoader workers, checkpoints in another "
         "thread).",
+    ),
+    "slow_processor": FindingKind(
+        "A rank that runs slower throughout",
+        "warning; info when it costs under 2 % of the run",
+        "A rank is late (as a straggler is) but the excess of its slow phase is the slowdown it "
+        "shows in every other phase too, the update included (the same optimizer step on every "
+        "rank), 5 % or more: the same work on a slower, shared or throttled processor, not more "
+        "work. `data.speed_ratio`: the median ratio of its other phases' own time to the "
+        "other ranks'.",
+        "As for a straggler: the what-if replay with this rank working like the others.",
+        "Compare its host and core with the others': steal time on a VM (top, vmstat), a busy "
+        "SMT sibling, clocks and thermal throttling; move the rank to another core or host.",
     ),
     "slow_host": FindingKind(
         "A slow host",

@@ -57,6 +57,13 @@ the cause over a larger contention part only if it accounts for that wait, at th
 rate of waiting over the step (:data:`INDUCED_WAIT_FACTOR`). The step's own time is used
 because the phases' counter intervals tile the step differently from their spans (backward's
 run from forward's end, so the gap before it, "other", has its counters in backward's).
+
+A work or blocked cause becomes **speed** (the rank runs slower throughout: a slower, shared or
+throttled processor, not more work) when every other phase of the rank long enough to compare,
+the update among them, is at least 5 % slower than the others', and the named phase's excess is
+no more than their median ratio accounts for, plus the own-time margin
+(:func:`speed_explains`): more work or data on one rank leaves some phase, the update at least
+(the same optimizer step on every rank), at the others' time.
 """
 
 from __future__ import annotations
@@ -378,6 +385,58 @@ def _own_part(split: dict[str, Any], margin_ms: float, runq_per_own: float) -> b
 #: middle of 1.4 and 4.1.
 INDUCED_WAIT_FACTOR: Final = 2.5
 
+#: A rank "runs slower throughout" (cause ``speed``, :func:`speed_explains`) when each of at
+#: least :data:`SPEED_MIN_PHASES` of its other built-in phases, the update among them (each at
+#: least :data:`SPEED_MIN_PHASE_MS` long on the other ranks), takes at least
+#: :data:`SPEED_MIN_RATIO` times the other ranks' own time, and the named phase's own excess is
+#: no more than their median ratio accounts for plus the work margin. A correct 2-rank job on
+#: this VM's CI (a vCPU slower than the other): rank 1's CPU time 18-34 % above rank 0's in every
+#: phase, the update too (the same optimizer step on the same parameters on every rank), was
+#: called slow by its work; a correct CNN job's live window: rank 0 17-57 % slower in every phase
+#: (backward 41 %, update 17 %), then rank 1 the next window.
+SPEED_MIN_RATIO: Final = 1.05
+SPEED_MIN_PHASES: Final = 2
+SPEED_MIN_PHASE_MS: Final = 0.5
+
+
+def speed_explains(
+    own_ms: np.ndarray,
+    others_ms: np.ndarray,
+    k: int,
+    candidates: np.ndarray,
+    control: int | None,
+    margin_ms: float,
+) -> tuple[float, float]:
+    """Whether a rank's excess in phase ``k`` is the slowdown it shows in every phase.
+
+    ``own_ms`` / ``others_ms``: the rank's median own time per phase (duration less run-queue
+    wait) and the other ranks' median of theirs; ``candidates``: the indices of the built-in
+    phases; ``control``: the update's (the same optimizer step on every rank, whatever the
+    data). The phases compared are the other candidates long enough on the other ranks
+    (:data:`SPEED_MIN_PHASE_MS`); the update must be among them, and each must be at least
+    :data:`SPEED_MIN_RATIO` times the others' (more work in one phase, or more data per step,
+    leaves some phase, the update at least, at about the others' time). Returns ``(ratio,
+    speed_ms)``: ``ratio`` the median of those phases' ratios (NaN where too few to compare);
+    ``speed_ms`` what it accounts for in phase ``k`` (``others_ms[k] * (ratio - 1)``) when the
+    gate holds and phase ``k``'s own excess is within it plus ``margin_ms``, else NaN. The
+    median, not the smallest: the same slower processor slows phases unequally (a CNN's
+    backward 41 %, its update 17 %)."""
+    nan = float("nan")
+    others = [int(j) for j in candidates if j != k]
+    with np.errstate(all="ignore"):
+        ratios = np.array([own_ms[j] / others_ms[j] for j in others], dtype=np.float64)
+        base = np.array([others_ms[j] for j in others], dtype=np.float64)
+    ok = np.isfinite(ratios) & (base >= SPEED_MIN_PHASE_MS)
+    if ok.sum() < SPEED_MIN_PHASES:
+        return nan, nan
+    ratio = float(np.median(ratios[ok]))
+    gated = control is not None and control in [j for j, o in zip(others, ok) if o]
+    if not gated or ratios[ok].min() < SPEED_MIN_RATIO or not np.isfinite(others_ms[k]):
+        return ratio, nan
+    speed_ms = float(others_ms[k] * (ratio - 1.0))
+    excess = float(own_ms[k] - others_ms[k])
+    return ratio, (speed_ms if excess <= speed_ms + margin_ms else nan)
+
 
 def straggler_table(
     steps: pd.DataFrame,
@@ -402,7 +461,8 @@ def straggler_table(
     steps where that excess beat ``work_floor_ms``), ``by_arrival`` / ``by_work`` (which
     criterion holds), ``named`` and ``reason`` (a short text, empty when not named); ``cause``,
     ``work_ms``, ``contention_ms``, ``blocked_ms``: ``phase_excess_ms`` split by
-    :func:`split_cause` ("" and NaN where the run has no CPU measurements).
+    :func:`split_cause` ("" and NaN where the run has no CPU measurements); ``speed_ratio``,
+    ``speed_ms``: :func:`speed_explains` (the cause is then ``speed``; NaN where not looked at).
     """
     cfg = config or StragglerConfig()
     hosts = hosts or {}
@@ -451,6 +511,8 @@ def straggler_table(
     se = np.full((n_ranks, n_ph), np.nan)  # the median per-step excess of its own time, ms
     ss = np.zeros((n_ranks, n_ph))  # the share of steps whose excess beats the line
     cause_excess = {w: np.full((n_ranks, n_ph), np.nan) for w in ("cpu", "runq")}
+    own_med = np.full((n_ranks, n_ph), np.nan)  # the rank's median own time, ms
+    own_others = np.full((n_ranks, n_ph), np.nan)  # the other ranks' median of theirs
     lines_ms = np.full(n_ph, work_floor_ns / 1e6)
 
     def excess_of_medians(g: np.ndarray) -> np.ndarray:
@@ -468,6 +530,8 @@ def straggler_table(
         own = own_time(pg.duration[p], rq)
         ex = own - median_of_others(own)
         se[:, k] = nanmedian(ex)
+        own_med[:, k] = nanmedian(own)
+        own_others[:, k] = median_of_others(own_med[None, :, k])[0]
         if np.isfinite(rq).any():
             lines_ms[k] = own_floor_ns / 1e6
         valid = np.isfinite(ex).sum(axis=0)
@@ -496,6 +560,7 @@ def straggler_table(
     u_idx = np.array([k for k, p in enumerate(phases) if p.startswith("user:")], np.int64)
     floor_ms = work_floor_ns / 1e6
     rq = cause_excess["runq"]
+    upd = phases.index("update") if "update" in phases else None  # speed_explains' control
     for i in range(n_ranks):
         rec: dict[str, Any] = {}
         rec["late_ms"] = float(late_ms[i])
@@ -587,6 +652,15 @@ def straggler_table(
                 late_by, margin, float(runq_per_own[i])
             ):
                 rec.update(late_by, cause="contention")
+        rec["speed_ratio"], rec["speed_ms"] = float("nan"), float("nan")
+        kp = phases.index(_col(rec["phase"], phases)) if rec["phase"] else None
+        if rec["cause"] in ("work", "blocked") and kp is not None and kp in b_idx:
+            # its own part may be the slowdown it shows in every phase: a slower processor
+            rec["speed_ratio"], rec["speed_ms"] = speed_explains(
+                own_med[i], own_others[i], kp, b_idx, upd, margin
+            )
+            if np.isfinite(rec["speed_ms"]):
+                rec["cause"] = "speed"
         rec["named"] = rec["by_arrival"] or rec["by_work"]
         rec["reason"] = _reason(rec) if rec["named"] else ""
         rows.append(rec)
@@ -621,6 +695,8 @@ _VERDICT_COLUMNS = [
     "work_ms",
     "contention_ms",
     "blocked_ms",
+    "speed_ratio",
+    "speed_ms",
 ]
 
 
@@ -867,7 +943,8 @@ def find_stragglers(verdicts: pd.DataFrame) -> pd.DataFrame:
     """Return the named stragglers of :func:`straggler_table`, latest first.
 
     Columns: ``rank``, ``host``, ``late_ms``, ``last_share``, ``phase``, ``phase_excess_ms``,
-    ``reason``, ``cause``, ``work_ms``, ``contention_ms``, ``blocked_ms``.
+    ``reason``, ``cause``, ``work_ms``, ``contention_ms``, ``blocked_ms``, ``speed_ratio``,
+    ``speed_ms``.
     """
     cols = [
         "rank",
@@ -881,6 +958,8 @@ def find_stragglers(verdicts: pd.DataFrame) -> pd.DataFrame:
         "work_ms",
         "contention_ms",
         "blocked_ms",
+        "speed_ratio",
+        "speed_ms",
     ]
     cols += [c for c in ("from_step", "to_step") if c in verdicts.columns]
     named = verdicts[verdicts["named"]]

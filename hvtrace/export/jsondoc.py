@@ -55,30 +55,30 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     skip_steps, selected), ``run`` (the run-level figures:
     :attr:`hvtrace.analysis.Analysis.run_row`), ``per_rank`` (medians and p95 in ms, ratios,
     ``user_ms`` per user span), ``stragglers`` (rank, host, late_ms, last_share, phase,
-    phase_excess_ms, reason, and why: cause (work, contention, blocked or "" when not measured),
-    work_ms, contention_ms, blocked_ms, and what it costs: lost_ms_per_step, lost_share,
+    phase_excess_ms, reason, and why: cause (work, contention, blocked, speed or "" when not
+    measured), work_ms, contention_ms, blocked_ms, speed_ratio, speed_ms (the slowdown a rank shows
+    in every phase, and what it accounts for), and what it costs: lost_ms_per_step, lost_share,
     phase_lost_ms_per_step), ``slow_hosts`` (with the same costs), ``verdicts`` (every rank's
     evidence), ``findings``, ``whatif`` (step_ms, step_ms_without_stragglers, lost_ms_per_step,
     lost_share, steps, ranks: :mod:`hvtrace.analysis.whatif`), ``hangs`` (step, hung, ranks that did
     not arrive, waiting_ranks, tensor, tensors, waited_s: :mod:`hvtrace.analysis.hangs`),
-    ``lockstep`` (where ranks fell out of step: :mod:`hvtrace.analysis.lockstep`; under
-    Lightning ``lightning_steps``: Lightning's ``global_step`` at the steps it names, where it
-    differs), ``accumulation`` (gradient accumulation that updated every micro-batch, else null),
-    ``trainer`` (Lightning's ``global_steps`` records per rank, the callbacks' ``decisions`` that
-    rested on some ranks' values, ``best_checkpoints`` that differ across ranks:
-    :mod:`hvtrace.analysis.framework`),
-    ``consistency`` (what was compared across ranks: parameter checks, steps and tensors,
-    learning-rate steps and groups, values that must agree; and the divergences, first step first:
-    :func:`hvtrace.analysis.consistency.check`), ``batches`` (the ranks' batch fingerprints
-    compared: :func:`hvtrace.analysis.antipatterns.batch_check`), ``placement`` (per host, torch
-    threads against cores; CUDA devices shared: :func:`~hvtrace.analysis.antipatterns. placement`),
-    ``scale`` (the learning rates recorded, beside the world size:
-    :func:`~hvtrace.analysis.antipatterns.lr_summary`), ``gradients`` (how the gradients were
-    sent: ``manual``, the ranks that allreduced them themselves after the backward, and
-    ``zero_rows``, embedding gradients sent dense with their zero rows:
-    :mod:`hvtrace.analysis.gradients`), ``communication`` (per-step aggregates and
-    the caveat), ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns,
-    method, drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
+    ``lockstep`` (where ranks fell out of step: :mod:`hvtrace.analysis.lockstep`; under Lightning
+    ``lightning_steps``: Lightning's ``global_step`` at the steps it names, where it differs),
+    ``accumulation`` (gradient accumulation that updated every micro-batch, else null), ``trainer``
+    (Lightning's ``global_steps`` records per rank, the callbacks' ``decisions`` that rested on some
+    ranks' values, ``best_checkpoints`` that differ across ranks:
+    :mod:`hvtrace.analysis.framework`), ``consistency`` (what was compared across ranks: parameter
+    checks, steps and tensors, learning-rate steps and groups, values that must agree; and the
+    divergences, first step first: :func:`hvtrace.analysis.consistency.check`), ``batches`` (the
+    ranks' batch fingerprints compared: :func:`hvtrace.analysis.antipatterns.batch_check`),
+    ``placement`` (per host, torch threads against cores; CUDA devices shared:
+    :func:`~hvtrace.analysis.antipatterns. placement`), ``scale`` (the learning rates recorded,
+    beside the world size: :func:`~hvtrace.analysis.antipatterns.lr_summary`), ``gradients`` (how
+    the gradients were sent: ``manual``, the ranks that allreduced them themselves after the
+    backward, and ``zero_rows``, embedding gradients sent dense with their zero rows:
+    :mod:`hvtrace.analysis.gradients`), ``communication`` (per-step aggregates and the caveat),
+    ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns, method,
+    drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
     ``framework`` (the header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning,
     else empty), ``controller`` (Horovod's: ``mpi``, ``gloo``, or empty when not recorded).
     """

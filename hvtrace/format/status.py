@@ -81,7 +81,10 @@ def live_line(e: dict[str, Any]) -> str:
     who = f"rank {e['rank']} (host {e['host']})"
     if e["event"] == "recovered":
         return f"hvtrace: {who} no longer late over {steps}"
-    why = e["phase"] + (f", {e['cause']}" if e.get("cause") else "")
+    cause = e.get("cause")
+    if cause == "speed":  # the same work slower: its processor, not its work
+        cause = "speed (slower in every phase, the update too: its processor, not its work)"
+    why = e["phase"] + (f", {cause}" if cause else "")
     share = e.get("step_share")
     tail = f"; ~{share:.0%} of step time" if share is not None else ""
     now = "now " if e["event"] == "changed" else ""

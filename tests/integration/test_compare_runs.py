@@ -95,9 +95,10 @@ def test_the_same_job_twice_names_no_change_of_the_job(base, batched) -> None:
     runs are needed here: the base run (60 steps, as every run of this module) is one of the two,
     the same job again (in the same launch, later) the other."""
     d = diff_runs(base, _batched(batched, SAME))
-    # no rank named for its own work in either run (one waiting for a CPU is the host's)
+    # no rank named for its own work in either run (one waiting for a CPU, or slower in every
+    # phase, the update too, is the host's: this VM's vCPUs are not always equally fast)
     causes = set(d.ranks["cause_a"].dropna()) | set(d.ranks["cause_b"].dropna())
-    assert not d.config and causes <= {"contention"}, (d.config, d.ranks)
+    assert not d.config and causes <= {"contention", "speed"}, (d.config, d.ranks)
     total = d.step["mean_b_ms"] - d.step["mean_a_ms"]
     assert d.parts["delta_ms"].sum() == pytest.approx(total, abs=1e-6)
     assert d.tensors["status"].eq("").all(), d.tensors  # the same tensors, the same sizes

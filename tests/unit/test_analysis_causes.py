@@ -204,3 +204,74 @@ def test_a_blocked_rank_on_an_oversubscribed_host_is_put_down_to_its_threads(
     assert f.data["cause"] == "blocked" and f.data["oversubscribed_host"] == host
     assert "its host is oversubscribed (16 torch threads on 4 cores" in f.message
     assert "move blocking I/O" not in f.message and "torch.set_num_threads" in f.message
+
+
+def test_a_rank_slower_in_every_phase_runs_on_a_slower_processor(tmp_path: Path) -> None:
+    """The same work 25 % slower in every phase, the update too (a slower or shared vCPU): the
+    rank is late and named, but for its processor (cause speed, its own finding kind), not for
+    more work; the finding gives the ratio."""
+    run = _synth(tmp_path, slow_ms=0.0, slow_speed=1.25, steps=40)
+    a = analyze(open_run(run))
+    row = a.stragglers.set_index("rank").loc[2]
+    assert row["cause"] == "speed", a.verdicts.to_string()
+    assert row["speed_ratio"] == pytest.approx(1.25, abs=0.06)
+    # what the ratio accounts for in the slow phase: its duration on the others x 0.25
+    assert row["speed_ms"] == pytest.approx(row["phase_excess_ms"], rel=0.35)
+    f = next(f for f in a.findings if f.data.get("rank") == 2)
+    assert f.kind == "slow_processor" and "(speed)" in f.message and "x the other" in f.message
+    assert f.data["speed_ratio"] == pytest.approx(row["speed_ratio"])
+    assert f.kind not in {g.kind for g in a.findings if g.data.get("rank") != 2}
+
+
+@pytest.mark.parametrize(
+    ("speed_phases", "why"),
+    [
+        (("input", "forward", "backward"), "more data per step: the update is the same"),
+        (("backward",), "more work in one phase"),
+    ],
+)
+def test_more_work_is_not_a_slower_processor(tmp_path: Path, speed_phases, why: str) -> None:
+    """A rank that does more (a larger batch: every phase but the update; or more in one phase)
+    keeps the cause work: some phase of it is as fast as the others'."""
+    run = _synth(tmp_path, slow_ms=0.0, slow_speed=1.5, speed_phases=speed_phases, steps=40)
+    a = analyze(open_run(run))
+    s = a.stragglers
+    assert list(s["rank"]) == [2], (why, a.verdicts.to_string())
+    assert s.iloc[0]["cause"] == "work", why
+    assert next(f for f in a.findings if f.data.get("rank") == 2).kind == "straggler"
+
+
+def test_speed_is_gated_by_the_update_and_takes_the_median_slowdown() -> None:
+    """speed_explains on per-phase medians (input, forward, backward, update): a processor slows
+    phases unequally (a correct CNN job's live window: backward 1.41x, forward 1.33x, update
+    1.17x, input 1.57x), and the median of the other phases accounts for backward's excess; the
+    same slowdown with the update at the others' time (more data per step) explains nothing, nor
+    does any phase under 5 % slower, nor a slowdown whose phases are too short to compare."""
+    from hvtrace.analysis.stragglers import speed_explains
+
+    others = np.array([0.95, 8.92, 15.03, 0.58])
+    own = others * np.array([1.57, 1.33, 1.41, 1.17])
+    ratio, speed_ms = speed_explains(own, others, 2, np.arange(4), 3, margin_ms=2.0)
+    assert ratio == pytest.approx(1.33) and speed_ms == pytest.approx(15.03 * 0.33)
+    same_update = own.copy()
+    same_update[3] = others[3]
+    assert np.isnan(speed_explains(same_update, others, 2, np.arange(4), 3, 2.0)[1])
+    barely = others * np.array([1.04, 1.33, 1.41, 1.17])
+    assert np.isnan(speed_explains(barely, others, 2, np.arange(4), 3, 2.0)[1])
+    no_update = np.isnan(speed_explains(own, others, 2, np.arange(3), None, 2.0)[1])
+    assert no_update  # no control phase: never a slower processor
+    short = np.array([0.3, 0.4, 15.03, 0.2])
+    assert np.isnan(speed_explains(short * 1.3, short, 2, np.arange(4), 3, 2.0)[0])
+    # a slowdown that does not account for the excess (30 ms more work on a 1.2x processor)
+    more = others * 1.2
+    more[2] = others[2] * 1.2 + 30.0
+    assert np.isnan(speed_explains(more, others, 2, np.arange(4), 3, 2.0)[1])
+
+
+def test_a_live_speed_line_says_it_is_the_processor() -> None:
+    from hvtrace.format.status import live_line
+
+    e = {"event": "late", "rank": 0, "host": "vm", "first_step": 140, "last_step": 159,
+         "late_ms": 16.6, "phase": "backward", "cause": "speed", "step_share": 0.35}  # fmt: skip
+    line = live_line(e)
+    assert "rank 0 (host vm) late 16.6 ms/step" in line and "its processor, not its work" in line

@@ -42,13 +42,17 @@ def _finding_kinds_raised() -> dict[str, list[str]]:
             arg = node.args[0] if node.args else None
             if arg is None:
                 arg = next(k.value for k in node.keywords if k.arg == "kind")
-            values = (
-                [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else [arg]  # a if c else b
-            )
+            values, choices = [], [arg]
+            while choices:  # a if c else b, b itself maybe such a choice
+                v = choices.pop()
+                if isinstance(v, ast.IfExp):
+                    choices += [v.body, v.orelse]
+                else:
+                    values.append(v)
             for v in values:
                 assert isinstance(v, ast.Constant), (
                     f"{path.name}:{node.lineno}: Finding's kind must be a literal (or a choice "
-                    "of two), so that the documentation can be checked against it"
+                    "of literals), so that the documentation can be checked against it"
                 )
                 found.setdefault(v.value, []).append(f"{path.name}:{node.lineno}")
     return found
