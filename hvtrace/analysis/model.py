@@ -493,6 +493,10 @@ class Analysis:
     #: Horovod's controller, from the header: ``"mpi"`` (mpirun, horovodrun --mpi), ``"gloo"``
     #: (horovodrun --gloo, Ray, Spark), empty when not recorded.
     controller: str = ""
+    #: What carried the collectives of CUDA tensors, from the header: ``"nccl"`` (Horovod built
+    #: with NCCL), ``"host"`` (copied to host memory, sent by the controller's library), or ``""``
+    #: (a CPU run, or not recorded).
+    gpu_operations: str = ""
     #: Versions the header recorded: ``torch``, ``horovod``, ``hvtrace`` (None: not recorded).
     versions: dict[str, str | None] = field(default_factory=dict)
     #: :func:`hvtrace.analysis.antipatterns.batch_check`: the ranks' batch fingerprints compared

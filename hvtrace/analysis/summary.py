@@ -342,6 +342,8 @@ def analyze(
     a.framework = dict(fw) if isinstance(fw, dict) else {}
     ctl = h0.get("controller")
     a.controller = ctl if ctl in ("mpi", "gloo") else ""
+    gpu = h0.get("gpu_operations")
+    a.gpu_operations = gpu if gpu in ("nccl", "host") else ""
     a.versions = {
         k: (str(h0[f"{k}_version"]) if h0.get(f"{k}_version") is not None else None)
         for k in ("torch", "horovod", "hvtrace")

@@ -80,7 +80,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     ``tensors``, ``per_step``, ``clock`` (summary; per rank uncertainty_ns, offset_ns, method,
     drift_ppm and drift_uncertainty_ppm), ``problems``, ``horovod_env``, ``optimizer``,
     ``framework`` (the header's: ``{"name": "pytorch_lightning", "version": ...}`` under Lightning,
-    else empty), ``controller`` (Horovod's: ``mpi``, ``gloo``, or empty when not recorded).
+    else empty), ``controller`` (Horovod's: ``mpi``, ``gloo``, or empty when not recorded),
+    ``gpu_operations`` (``nccl``, ``host``, or empty on a CPU run or when not recorded).
     """
     from hvtrace import __version__
 
@@ -158,6 +159,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "optimizer": a.optimizer,
             "framework": a.framework,
             "controller": a.controller,
+            "gpu_operations": a.gpu_operations,
         }
     )
     return {

@@ -347,6 +347,10 @@ def format_report(
         f"{n_hosts} host(s)"
         + (f" ({hosts})" if n_hosts <= 3 else "")
         + ({"mpi": ", Horovod over MPI", "gloo": ", Horovod over Gloo"}.get(a.controller, ""))
+        # CUDA tensors' collectives: NCCL, or staged through host memory by the controller's
+        + {"nccl": ", GPU tensors over NCCL", "host": ", GPU tensors through host memory"}.get(
+            a.gpu_operations, ""
+        )
     )
     L += wrap(head, w)
     first, last, count = a.analyzed_step_numbers

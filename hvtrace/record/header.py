@@ -62,6 +62,7 @@ def build_header(
         "hvtrace_version": _version("hvtrace"),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         "controller": _controller(hvd),
+        "gpu_operations": _gpu_operations(hvd, device),
         "optimizer": optimizer_info(dist, params),
         "model": model_name(model),
         "framework": framework,
@@ -170,6 +171,18 @@ def _controller(hvd: Any) -> str | None:
         except Exception:  # noqa: BLE001 - an older Horovod, or a stand-in: not known
             continue
     return None
+
+
+def _gpu_operations(hvd: Any, device: Any) -> str | None:
+    """Return what carries Horovod's collectives of this rank's CUDA tensors: ``"nccl"`` where
+    Horovod was built with NCCL (``HOROVOD_GPU_OPERATIONS=NCCL``), else ``"host"`` (copied to
+    host memory and sent by the controller's library); None for a CPU rank or when not known."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    try:
+        return "nccl" if hvd.nccl_built() else "host"
+    except Exception:  # noqa: BLE001 - an older Horovod, or a stand-in: not known
+        return None
 
 
 def _boot_id() -> str | None:

@@ -255,3 +255,32 @@ def test_cli_bad_step_range_is_a_usage_error(capsys):
         main(["analyze", "x", "--steps", "9:3"])
     assert e.value.code == 2
     assert "selects no step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("gpu", "words"),
+    [("nccl", "GPU tensors over NCCL"), ("host", "GPU tensors through host memory"), (None, None)],
+)
+def test_the_report_says_what_carried_gpu_tensors(tmp_path: Path, gpu, words) -> None:
+    """A GPU job launched with Gloo sends its CUDA tensors over NCCL where Horovod was built
+    with it: the head says so, not Gloo alone (and a CPU run says nothing of GPUs)."""
+    extra = {"controller": "gloo"} | ({"gpu_operations": gpu} if gpu else {})
+    run = write_run(tmp_path / "run", synth_spans(ranks=2, tensors=2), **extra)
+    a = analyze(load_run(run))
+    assert a.gpu_operations == (gpu or "")
+    head = format_report(a).split("\n\n")[0]
+    assert "Horovod over Gloo" in head
+    assert (words in head) if words else "GPU tensors" not in head
+    assert analysis_to_dict(a)["gpu_operations"] == (gpu or "")
+
+
+def test_the_header_records_what_carries_gpu_tensors() -> None:
+    from types import SimpleNamespace
+
+    from hvtrace.record.header import _gpu_operations
+
+    cuda, cpu = SimpleNamespace(type="cuda", index=0), SimpleNamespace(type="cpu")
+    assert _gpu_operations(SimpleNamespace(nccl_built=lambda: 22809), cuda) == "nccl"
+    assert _gpu_operations(SimpleNamespace(nccl_built=lambda: 0), cuda) == "host"
+    assert _gpu_operations(SimpleNamespace(nccl_built=lambda: 22809), cpu) is None
+    assert _gpu_operations(SimpleNamespace(), cuda) is None  # an older Horovod: not known
