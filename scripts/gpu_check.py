@@ -73,7 +73,9 @@ TOL_SHARE, TOL_US = 0.02, 50.0
 CLOCK_MARK_NS = 10_000
 #: The jobs of a device run: ResNet-50 at batch 64 (the issue's) and 256 (the device kept busy),
 #: the demo's MLP (a 3 ms step); "@host": the same job timed on the host clock instead of CUDA
-#: events (A/B only), to tell the CUDA timer's cost from the rest.
+#: events (A/B only), to tell the CUDA timer's cost from the rest; "@ctypes" (not a default): the
+#: writer's event queries and resolves through the CUDA runtime by ctypes, which releases the GIL
+#: during each call (torch's hold it), to tell the GIL's part of the writer's cost from the calls'.
 DEFAULT_MODELS = "resnet50,resnet50@host,resnet50:256,mlp,mlp@host"
 
 
@@ -155,6 +157,8 @@ def run_job(args: argparse.Namespace) -> None:
         (work / "job.json").write_text(json.dumps(out, indent=1))
         return
     rec = tracer.rec
+    if timing == "ctypes":
+        out["ctypes"] = _resolve_by_ctypes(tracer.timer) if tracer.is_cuda else "no CUDA timer"
 
     def sync() -> None:
         if cuda:
@@ -293,6 +297,60 @@ def run_job(args: argparse.Namespace) -> None:
     hvtrace.finish()
     out["trace_files"] = [p.name for p in sorted((work / "run").glob("*"))]
     (work / "job.json").write_text(json.dumps(out, indent=1))
+
+
+def cudart_path(maps: str) -> str | None:
+    """The CUDA runtime library this process has loaded (torch's), from ``/proc/self/maps``."""
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if len(line.split()) >= 6 else ""
+        if "/libcudart.so" in path:
+            return path
+    return None
+
+
+def _resolve_by_ctypes(timer: Any) -> str:
+    """Make ``timer``'s ``ready`` and ``resolve`` call ``cudaEventQuery`` and
+    ``cudaEventElapsedTime`` through ctypes on the events' raw handles (``torch.Event.event_id``,
+    ``torch.cuda.Event.cuda_event``): ctypes releases the GIL during each call. Checked against
+    torch's ``elapsed_time`` on the anchor first; returns what was done (or why not)."""
+    import ctypes
+
+    path = cudart_path(Path("/proc/self/maps").read_text())
+    if path is None:
+        return "no libcudart in this process"
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    query, elapsed = lib.cudaEventQuery, lib.cudaEventElapsedTime
+    query.argtypes, query.restype = [ctypes.c_void_p], ctypes.c_int
+    elapsed.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
+    elapsed.restype = ctypes.c_int
+
+    def handle(ev: Any) -> int:
+        h = getattr(ev, "event_id", None)
+        return int(h if h is not None else ev.cuda_event)
+
+    ms = ctypes.c_float()
+    probe = timer.now()
+    import torch
+
+    torch.cuda.synchronize()
+    rc = elapsed(ctypes.byref(ms), handle(timer._tie), handle(probe))
+    want = timer._tie.elapsed_time(probe)
+    if rc != 0 or abs(ms.value - want) > 1e-3:
+        return f"not used: rc {rc}, {ms.value} ms against torch's {want}"
+
+    def ready(tok: Any) -> bool:
+        return isinstance(tok, int) or query(handle(tok)) == 0
+
+    def resolve(tok: Any) -> int:
+        if isinstance(tok, int):
+            return tok
+        out = ctypes.c_float()
+        if elapsed(ctypes.byref(out), handle(timer._tie), handle(tok)) != 0:
+            raise RuntimeError("cudaEventElapsedTime failed")
+        return timer._tie_ns + round(out.value * 1e6 * timer.rate)
+
+    timer.ready, timer.resolve = ready, resolve
+    return f"used ({path}; {ms.value:.4f} ms as torch's {want:.4f})"
 
 
 def _time_writer_parts(timer: Any, writer: Any) -> dict[str, list[float]]:
@@ -717,7 +775,7 @@ def _job(model: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gc_"))
     env = dict(os.environ, HOROVOD_ELASTIC="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    prof_steps = 0 if "@" in model else args.prof_steps  # the host-timed variants: A/B only
+    prof_steps = 0 if "@" in model else args.prof_steps  # the @ variants: A/B only
     cmd = [
         sys.executable, str(Path(__file__).resolve()), "--job", model, "--work", str(work),
         "--warmup", str(args.warmup), "--ab-pairs", str(args.ab_pairs),
@@ -801,6 +859,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 else ""
             )
         )
+        if "ctypes" in r["job"]:
+            lines.append(f"{m}: event calls by ctypes: {r['job']['ctypes']}")
         wp = r["job"].get("writer_parts_us_per_step")
         if wp:
             lines.append(

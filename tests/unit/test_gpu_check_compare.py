@@ -126,3 +126,14 @@ def test_the_event_cost_probe_reports_each_cost_or_its_error(gc) -> None:
     torch.Event = Ev
     host = gc._event_costs(torch, SimpleNamespace(timer=HostTimer()), "cuda:0", n=20)
     assert "error" not in host and "timer_now" in host and "query" not in host, host
+
+
+def test_the_cuda_runtime_is_found_in_the_process_maps(gc) -> None:
+    maps = (
+        "7f00-7f10 r-xp 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        "7f20-7f30 r-xp 00000000 08:01 456 "
+        "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13\n"
+        "7f40-7f50 rw-p 00000000 00:00 0 \n"
+    )
+    assert gc.cudart_path(maps).endswith("/nvidia/cu13/lib/libcudart.so.13")
+    assert gc.cudart_path(maps.splitlines()[0]) is None
