@@ -347,7 +347,7 @@ def format_report(
         f"{n_hosts} host(s)"
         + (f" ({hosts})" if n_hosts <= 3 else "")
         + ({"mpi": ", Horovod over MPI", "gloo": ", Horovod over Gloo"}.get(a.controller, ""))
-        # CUDA tensors' collectives: NCCL, or staged through host memory by the controller's
+        # CUDA tensors' collectives: NCCL, or through host memory by the controller's library
         + {"nccl": ", GPU tensors over NCCL", "host": ", GPU tensors through host memory"}.get(
             a.gpu_operations, ""
         )

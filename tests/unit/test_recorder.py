@@ -445,6 +445,8 @@ def test_cuda_allreduces_are_resolved_once_per_event_and_wait_whole(
     del first, second, end
     rec.flush()
     assert sorted(timer.resolved) == [100, 200, 900, 1900]  # once each; 500 a host int
+    # the written entry's events back to the pool, once; the waiting entry's kept
+    assert sorted(t.t for t in timer.released) == [100, 200, 900]
     assert [r["step"] for r in _rows(read_rank_file(rec.path))] == [0, 0, 0]
     late_start.done = True
     rec.flush()
