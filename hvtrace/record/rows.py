@@ -8,8 +8,10 @@ The buffer (a deque) holds two kinds of entries:
   ``end`` are timer tokens (ns ints, or CUDA events resolved by the writer). A 10-tuple, or
   readings of ``None``, means not measured (null ``cpu_ns``/``runq_ns``).
 - an :class:`Allreduces`: every allreduce of one ``synchronize()``, as the hot path saw them (one
-  entry per enqueue and one per observed completion); :func:`expand` makes them rows, one per
-  tensor, in the writer thread.
+  entry per enqueue and one per observed completion). Its rows, one per tensor, are the ones
+  :func:`expand` makes; the writer thread builds them as columns instead
+  (:meth:`hvtrace.record.writer.BatchEncoder.encode`, on host-timed and CUDA ranks alike, once
+  a CUDA rank's events are resolved), and :func:`expand` is their reference (tests, benchmarks).
 """
 
 from __future__ import annotations
