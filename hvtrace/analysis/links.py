@@ -14,9 +14,7 @@ limit: a slow link that stands out from the others limits the job from :data:`LI
 of its rate on, links that all run alike only when the job nearly saturates them
 (:data:`SATURATED_SHARE`; TCP through a busy host's network stack is also slow on every link,
 without a link being the limit), and never when the job's bus bandwidth beats the slowest
-link's measured rate by more than its busy time's overcount explains
-(:data:`PLAUSIBLE_SHARE`, :data:`STANDS_OUT_PLAUSIBLE_SHARE`: then the rates are not the links'
-capacity).
+link's measured rate (:data:`PLAUSIBLE_SHARE`: then the rates are not the links' capacity).
 No link is named the limit either where a host at its ends is short of CPU (its ranks wait
 for one; against a link that stands out, much longer than the other hosts' ranks): TCP through
 a CPU-starved network stack is slow on any link. When the slow links all
@@ -64,20 +62,10 @@ SLOW_LINK_FACTOR = 1.5
 #: ... and they stand out when some measured link is this much faster than the slowest (TCP
 #: rates through a CPU-starved network stack differ by up to 2x from link to link by chance).
 STANDS_OUT_FACTOR = 2.5
-#: A ring's bus bandwidth cannot beat its slowest link: where the links run alike, a run whose
-#: bus bandwidth is above this share of the slowest link's measured rate shows that the rates
-#: are not the links' capacity (TCP held back by a busy CPU counts as busy), and no link is
-#: named the limit...
+#: A ring's bus bandwidth cannot beat its slowest link: a run whose bus bandwidth is above this
+#: share of the slowest link's measured rate shows that the rates are not the links' capacity
+#: (TCP held back by a busy CPU counts as busy), and no link is named the limit.
 PLAUSIBLE_SHARE = 1.15
-#: ... and where slow links stand out, above this share. A connection's busy time runs past the
-#: data it carried (the last segments of each transfer wait for their acknowledgement), so the
-#: rate of a link that does limit the ring reads below the ring's bus bandwidth: with one of
-#: three namespace hosts' links shaped to 50 or 100 Mbit/s (tests/integration/test_cluster.py),
-#: the bus bandwidth was 1.07 to 1.28 times the shaped link's measured rate in nine runs on this
-#: 2-core machine, quiet or beside a process keeping a core busy. A link 2.5 times slower than
-#: another is not read that slow by a busy CPU alone, but a run 1.5 times faster than its
-#: slowest link's rate shows that the rates are not capacities.
-STANDS_OUT_PLAUSIBLE_SHARE = 1.5
 #: A slow link that stands out (some measured link is :data:`SLOW_LINK_FACTOR` faster) limits
 #: the job when the run's bus bandwidth reaches this share of its rate...
 LINK_LIMIT_SHARE = 0.5
@@ -214,16 +202,15 @@ def limiting_link(
     within :data:`SLOW_LINK_FACTOR` of it), ``stands_out`` (some measured link is
     :data:`STANDS_OUT_FACTOR` faster), ``host`` (the one host every slow link touches, when the
     slow links stand out; else None), ``busbw_share`` (the run's bus bandwidth over that rate)
-    and ``limits`` (``busbw_share`` at least :data:`LINK_LIMIT_SHARE` and at most
-    :data:`STANDS_OUT_PLAUSIBLE_SHARE` where the slow links stand out, at least
-    :data:`SATURATED_SHARE` and at most :data:`PLAUSIBLE_SHARE` where they do not), and
-    ``cpu_short_hosts``: the slow links' hosts short of CPU, by ``cpu_share`` (host -> share of
-    the step its ranks wait for a CPU: :func:`hvtrace.analysis.stragglers.host_contention`).
-    TCP through a CPU-starved host is slow whatever the link, so with any such host no link
-    ``limits``. Where the links run alike, a host is short of CPU from :data:`CPU_SHORT_SHARE`
-    on; where slow links stand out, only when it also waits :data:`CPU_SHORT_RATIO` times as
-    long as the other hosts (the median): hosts all short of CPU alike do not make one link
-    slower than the others.
+    and ``limits`` (``busbw_share`` at least :data:`LINK_LIMIT_SHARE` where the slow links stand
+    out, at least :data:`SATURATED_SHARE` where they do not, and at most
+    :data:`PLAUSIBLE_SHARE`), and ``cpu_short_hosts``: the slow links' hosts short of CPU, by
+    ``cpu_share`` (host -> share of the step its ranks wait for a CPU:
+    :func:`hvtrace.analysis.stragglers.host_contention`). TCP through a CPU-starved host is slow
+    whatever the link, so with any such host no link ``limits``. Where the links run alike, a
+    host is short of CPU from :data:`CPU_SHORT_SHARE` on; where slow links stand out, only when
+    it also waits :data:`CPU_SHORT_RATIO` times as long as the other hosts (the median): hosts
+    all short of CPU alike do not make one link slower than the others.
     """
     m = links[links["rate_gbps"].notna()] if len(links) else links
     if m.empty:
@@ -235,7 +222,6 @@ def limiting_link(
     host = next(iter(common)) if len(common) == 1 and stands_out else None
     share = busbw_gbps / slowest if np.isfinite(busbw_gbps) and slowest > 0 else float("nan")
     need = LINK_LIMIT_SHARE if stands_out else SATURATED_SHARE
-    most = STANDS_OUT_PLAUSIBLE_SHARE if stands_out else PLAUSIBLE_SHARE
     ends = {h for s, d in zip(slow["src_host"], slow["dst_host"]) for h in (s, d)}
     starved = sorted(str(h) for h in ends if _cpu_short(h, cpu_share or {}, stands_out))
     return {
@@ -245,7 +231,7 @@ def limiting_link(
         "stands_out": stands_out,
         "busbw_share": share,
         "cpu_short_hosts": starved,
-        "limits": bool(np.isfinite(share) and need <= share <= most and not starved),
+        "limits": bool(np.isfinite(share) and need <= share <= PLAUSIBLE_SHARE and not starved),
     }
 
 
