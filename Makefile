@@ -24,6 +24,11 @@ PHASES_OK = for rc in $$u $$t $$i; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc;
 .PHONY: setup demo demo-cluster test test-busy lint unit docs bench samples clean
 
 setup: $(STAMP)
+	@# The tree's bytecode, written where missing or stale. Environments that set
+	@# PYTHONDONTWRITEBYTECODE=1 (this machine's does) never cache it otherwise, and every process
+	@# that imports hvtrace (each rank, each `hvtrace analyze`) compiled its sources anew: about
+	@# 1.5 s of CPU a process here, and the test suite starts hundreds.
+	$(PY) -m compileall -q hvtrace hvtrace_boot dashboard tests bench
 
 # the compiled hot path: hvtrace/record/_hot.c and the parts it includes (hvtrace/record/_hot/)
 $(STAMP): pyproject.toml scripts/setup.sh hvtrace/record/_hot.c $(wildcard hvtrace/record/_hot/*.[ch]) \

@@ -97,6 +97,16 @@ def _select_timing_tests(config: pytest.Config, items: list[pytest.Item]) -> Non
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    from helpers import LAUNCHES
+
+    if LAUNCHES:  # (in this process: none under xdist, whose workers run the tests)
+        by: dict[str, list[float]] = {}
+        for label, wall_s in LAUNCHES:
+            by.setdefault(label, []).append(wall_s)
+        terminalreporter.write_line(
+            "jobs launched through tests/helpers.run_job: "
+            + "; ".join(f"{k} {len(v)}, {sum(v):.0f} s" for k, v in sorted(by.items()))
+        )
     if config.getoption("--timing-tests") == "auto" and getattr(config.option, "numprocesses", 0):
         terminalreporter.write_line(
             "note: the xdist workers left out the tests marked timing; "

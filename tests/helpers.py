@@ -144,6 +144,11 @@ def run_on_cluster(
     return run_job([*cmd, *map(str, args)], env, REPO_ROOT, timeout, check, "cluster.sh run")
 
 
+#: Every job :func:`run_job` ran in this process: (label, wall seconds). The session's summary
+#: prints how many and how long (tests/conftest.py): a launch's start-up is the suite's floor.
+LAUNCHES: list[tuple[str, float]] = []
+
+
 def run_job(
     cmd: Sequence[str],
     env: dict[str, str] | None,
@@ -169,7 +174,10 @@ def run_job(
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            LAUNCHES.append((label, time.monotonic() - t0))
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = proc.communicate()
