@@ -26,8 +26,8 @@ PHASES_OK = for rc in $$u $$t $$i; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc;
 setup: $(STAMP)
 	@# The tree's bytecode, written where missing or stale. Environments that set
 	@# PYTHONDONTWRITEBYTECODE=1 (this machine's does) never cache it otherwise, and every process
-	@# that imports hvtrace (each rank, each `hvtrace analyze`) compiled its sources anew: about
-	@# 1.5 s of CPU a process here, and the test suite starts hundreds.
+	@# that imports hvtrace (each rank, each `hvtrace analyze`) compiled its sources anew: 0.3-0.4 s
+	@# of CPU a process on this machine when idle, more under load (bench/bytecode.py).
 	$(PY) -m compileall -q hvtrace hvtrace_boot dashboard tests bench
 
 # the compiled hot path: hvtrace/record/_hot.c and the parts it includes (hvtrace/record/_hot/)

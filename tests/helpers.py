@@ -145,7 +145,7 @@ def run_on_cluster(
 
 
 #: Every job :func:`run_job` ran in this process: (label, wall seconds). The session's summary
-#: prints how many and how long (tests/conftest.py): a launch's start-up is the suite's floor.
+#: prints how many and how long, per kind (tests/conftest.py), so that the suite's growth is seen.
 LAUNCHES: list[tuple[str, float]] = []
 
 
