@@ -302,9 +302,9 @@ def run_job(args: argparse.Namespace) -> None:
 def cudart_path(maps: str) -> str | None:
     """The CUDA runtime library this process has loaded (torch's), from ``/proc/self/maps``."""
     for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1] if len(line.split()) >= 6 else ""
-        if "/libcudart.so" in path:
-            return path
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) == 6 and "/libcudart.so" in fields[5]:
+            return fields[5]
     return None
 
 
