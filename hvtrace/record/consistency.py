@@ -68,6 +68,7 @@ from hvtrace.format.schema import (
 )
 from hvtrace.record.hot import LrRows
 from hvtrace.record.timers import monotonic_ns
+from hvtrace.record.torchpatch import ModuleHook
 
 log = logging.getLogger("hvtrace")
 
@@ -327,10 +328,11 @@ class BatchFingerprints:
 
         if self.every <= 0 or model is None:
             return None
+        hook = ModuleHook(self)  # a copy or pickle of the model gets an inert hook instead
         if isinstance(model, torch.nn.Module):
-            self.handle = model.register_forward_pre_hook(self, prepend=True, with_kwargs=True)
+            self.handle = model.register_forward_pre_hook(hook, prepend=True, with_kwargs=True)
         else:
-            self.handle = model.register_forward_pre_hook(self)
+            self.handle = model.register_forward_pre_hook(hook)
         return self.handle
 
     def __call__(self, module: Any, args: Any, kwargs: Any = None) -> None:

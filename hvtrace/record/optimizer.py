@@ -379,9 +379,16 @@ class Tracer(TracerHooks):
             for acc in getattr(dist, "_grad_accs", []):
                 self._hooks.append(acc.register_hook(self._grad_ready))
         if model is not None:
-            self._hooks.append(model.register_forward_pre_hook(hooks["fwd_pre"]))
-            self._hooks.append(model.register_forward_hook(hooks["fwd_post"]))
+            self._hook_model(model)
             torchpatch.observe(self)
+
+    def _hook_model(self, model: Any) -> None:
+        """Put the forward hooks on ``model`` (their handles in ``_hooks``), each a
+        :class:`~hvtrace.record.torchpatch.ModuleHook`: a copy or a pickle of the model
+        (``copy.deepcopy``, ``torch.save(model)``) gets an inert hook, not the tracer."""
+        hooks, wrap = self.hooks(), torchpatch.ModuleHook
+        self._hooks.append(model.register_forward_pre_hook(wrap(hooks["fwd_pre"])))
+        self._hooks.append(model.register_forward_hook(wrap(hooks["fwd_post"])))
 
     def hooks(self) -> dict[str, Any]:
         """The per-step hooks to install: the compiled ones (:mod:`hvtrace.record._hot`'s

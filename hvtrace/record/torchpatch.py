@@ -24,6 +24,7 @@ pre-hook's was when the engine ran the output's node, after it.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 #: The tracers that time backward passes (those traced with ``model=``, until their finish).
@@ -95,3 +96,36 @@ def patch_backward() -> None:
 
     torch.autograd.backward = functools.update_wrapper(backward, orig)
     _patched = True
+
+
+#: The audit event an inert copy of hvtrace's module hook raises (:class:`ModuleHook`): nothing
+#: happens unless the process installed audit hooks (``sys.addaudithook``), which then see it.
+INERT_HOOK_EVENT = "hvtrace.inert_hook"
+
+
+def inert_hook() -> functools.partial:
+    """What a copy or a pickle of a module gets in place of hvtrace's hook: a callable that takes
+    any arguments and returns None (``sys.audit`` of :data:`INERT_HOOK_EVENT`), made of the
+    standard library alone, so a module saved whole (``torch.save(model)``) loads where hvtrace
+    is not installed."""
+    return functools.partial(sys.audit, INERT_HOOK_EVENT)
+
+
+class ModuleHook(functools.partial):
+    """A hook that hvtrace puts on a user's module (``register_forward_pre_hook``,
+    ``register_forward_hook``): calls ``fn`` as it is called (``functools.partial``'s call, in
+    C). torch keeps a module's hooks in the module's own dicts, so ``copy.deepcopy(model)`` (an
+    EMA or ``torch.optim.swa_utils.AveragedModel``) and ``torch.save(model)`` copy or pickle
+    them, and hvtrace's hooks hold the tracer, which neither can: both raised ``TypeError:
+    cannot pickle 'Tracer' object`` where Horovod's optimizer lets them work. A copy (deep or
+    pickled) of this hook is :func:`inert_hook` instead: the copied module is not traced (its
+    forward is not the training model's) and needs nothing of hvtrace."""
+
+    def __reduce__(self) -> tuple:
+        return (functools.partial, (sys.audit, INERT_HOOK_EVENT))
+
+    def __deepcopy__(self, memo: dict) -> functools.partial:
+        return inert_hook()
+
+    def __copy__(self) -> ModuleHook:
+        return self

@@ -105,7 +105,13 @@ def test_the_same_job_twice_names_no_change_of_the_job(base, batched) -> None:
 
 
 def test_one_two_and_four_ranks(base, tmp_path_factory) -> None:
-    runs = [_run(tmp_path_factory, f"np{n}", np=n) for n in (1, 4)]
+    # one torch thread a rank at every size (the 2-rank base run has one: the demo divides the
+    # cores among the local ranks), so that the sizes differ in ranks a core only: a 1-rank job
+    # left to its default of two threads waited for a CPU beside a busy process (`make
+    # test-busy`) 32.8 ms a step more than the 4 ranks (its second thread shares a core with the
+    # busy process and the first waits for it). 30 steps: the parts are means over the steps
+    one = ["--torch-threads", "1", "--steps", "30"]
+    runs = [_run(tmp_path_factory, f"np{n}", *one, np=n) for n in (1, 4)]
     s = scaling([base, *runs])
     t = s.runs
     assert list(t["size"]) == [1, 2, 4]

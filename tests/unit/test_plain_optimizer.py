@@ -59,9 +59,7 @@ def _tracer(model: torch.nn.Module) -> Tracer:
     tr.step_start, tr.step_cpu = tr.now(), tr.read()
     tr.checks = tr.live = None
     tr._hooks = []
-    hooks = tr.hooks()
-    tr._hooks.append(model.register_forward_pre_hook(hooks["fwd_pre"]))
-    tr._hooks.append(model.register_forward_hook(hooks["fwd_post"]))
+    tr._hook_model(model)  # as Tracer._install does with model=
     return tr
 
 
@@ -196,3 +194,35 @@ def test_horovods_optimizer_is_never_traced_as_a_plain_one(watched):
     hvd.broadcast_optimizer_state(dist, root_rank=0)
     dist.step()
     assert calls == [] and dist not in autotrace._plain.optimizers
+
+
+def test_a_traced_model_is_copied_and_saved_whole_without_the_tracer(job, tmp_path) -> None:
+    """``copy.deepcopy(model)`` (an EMA, ``swa_utils.AveragedModel``) and ``torch.save(model)``
+    work on a traced model as on an untraced one (they raised ``TypeError: cannot pickle
+    'Tracer' object``): the copy's hooks are inert, record nothing, and a model saved whole loads
+    in a process where hvtrace cannot be imported."""
+    import copy
+    import subprocess
+    import sys
+
+    _train_step(job)
+    averaged = torch.optim.swa_utils.AveragedModel(job.model)  # deep-copies the model
+    twin = copy.deepcopy(job.model)
+    tr, x = job.tr, torch.randn(4, 3)
+    state = (tr.fwd_count, tr.fwd_start, list(tr.rows), tr.rec.step)
+    outs = [m(x) for m in (twin, averaged)]  # with grad on: a traced forward would open a phase
+    assert (tr.fwd_count, tr.fwd_start, list(tr.rows), tr.rec.step) == state
+    with torch.no_grad():
+        assert all(torch.equal(y, job.model(x)) for y in outs)  # the same weights
+    path = tmp_path / "model.pt"
+    torch.save(job.model, path)
+    load = (
+        "import sys; sys.modules['hvtrace'] = None\n"  # import hvtrace fails here
+        "import torch\n"
+        f"m = torch.load({str(path)!r}, weights_only=False)\n"
+        "print(tuple(m(torch.randn(4, 3)).shape))"
+    )
+    p = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "(4, 2)", p.stderr[-2000:]
+    _train_step(job)  # the traced model goes on being traced
+    assert job.tr.rec.step == 2 and not job.tr.rec.failures
