@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -202,6 +203,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--groups", type=int, default=0, help="Horovod groups= (0: none)")
     p.add_argument("--save-params", default=None, help="rank 0 saves final parameters here")
+    p.add_argument(
+        "--save-model",
+        default=None,
+        help="rank 0 saves the model whole and a deep copy of it here, while it is still traced "
+        "(torch.save([model, copy.deepcopy(model)]))",
+    )
     p.add_argument(
         "--step-times",
         default=None,
@@ -607,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
             hvd.join()  # the uneven-data pattern: no rank waits forever for the others
         t_loop_end = time.perf_counter()
         loop_cpu_s = time.process_time() - cpu0
+    if args.save_model and rank == 0:  # as a checkpoint or an EMA would, mid-run
+        Path(args.save_model).parent.mkdir(parents=True, exist_ok=True)
+        torch.save([model, copy.deepcopy(model)], args.save_model)
     tracer = getattr(opt, "_hvtrace", None)
     writer = tracer.rec.writer if tracer is not None else None
     writer_cpu_s = writer.cpu_s if writer is not None else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,8 +53,9 @@ NO_BROADCAST = traced_scenario(
 )
 #: The same job checked at every step, and without hvtrace: their parameters are compared.
 CHECKED = traced_scenario(
-    "consistency_checked", *COMMON, "--consistency-every", "1", "--save-params", "{base}/params.pt"
-)
+    "consistency_checked", *COMMON, "--consistency-every", "1", "--save-params", "{base}/params.pt",
+    "--save-model", "{base}/model.pt",
+)  # fmt: skip
 PLAIN = scenario("consistency_plain", *COMMON, "--no-trace", "--save-params", "{base}/params.pt")
 
 
@@ -144,6 +146,27 @@ def test_a_normal_run_is_clean_and_bit_identical_with_checks_every_step(batched)
     assert set(x) == set(y) and len(x) == len(TENSORS)
     for k in x:
         assert torch.equal(x[k], y[k]), k
+    # rank 0 saved the traced model whole and a deep copy of it (its forward hooks, the
+    # tracer's and the batch fingerprint's, go inert in both): they load with nothing of
+    # hvtrace's recorder (the model's class is hvtrace's demo's), and train
+    load = (
+        "import pickle, types, torch\n"
+        "class Unpickler(pickle.Unpickler):\n"
+        "    def find_class(self, module, name):\n"
+        "        assert not module.startswith('hvtrace.record'), (module, name)\n"
+        "        return super().find_class(module, name)\n"
+        "pm = types.ModuleType('restricted')\n"
+        "pm.Unpickler, pm.load = Unpickler, pickle.load\n"
+        f"models = torch.load({str(checked.base / 'model.pt')!r}, weights_only=False,"
+        " pickle_module=pm)\n"
+        "for m in models:\n"
+        "    m(torch.randn(2, 256)).sum().backward()\n"
+        f"    s, x = m.state_dict(), torch.load({str(checked.base / 'params.pt')!r})\n"
+        "    assert set(s) == set(x) and all(torch.equal(s[k], x[k]) for k in x), sorted(s)\n"
+        "print(len(models))"
+    )
+    p = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "2", p.stderr[-2000:]
 
 
 @pytest.mark.skipif(
