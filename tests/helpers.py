@@ -303,10 +303,14 @@ SLOW_RANK1_JOB = ["--steps", "30", "--width", "256", "--layers", "3", "--batch-s
 CLEAN_LIVE_JOB = ["--steps", "30", "--width", "128", "--layers", "3", "--batch-size", "32"]
 LIVE_EVERY_5 = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
 #: The job of ``test_compare_runs.py`` (60 steps of a 4-layer, 512-wide MLP, live detection off:
-#: every run of that module), here with rank 1 sleeping 25 ms in each forward.
+#: every run of that module), here with rank 1 sleeping SLOW_SLEEP_MS in each forward: 50 ms, so
+#: that the step's change stands clear of a busy host's noise (at 25 ms, beside a busy process,
+#: `make test-busy`, the base run's 52.7 ms median step against the slowed run's 66.2: +13.5 ms,
+#: its 95 % interval -0.4..+25.6 ms, not significant; 29 Nov 2026).
 COMPARE_JOB = ["--steps", "60", "--width", "512", "--layers", "4", "--batch-size", "64"]
-SLOW_SLEEP25_JOB = [*COMPARE_JOB, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
-                    "--slow-kind", "sleep"]  # fmt: skip
+SLOW_SLEEP_MS = 50
+SLOW_SLEEP_JOB = [*COMPARE_JOB, "--slow-rank", "1", "--slow-ms", str(SLOW_SLEEP_MS),
+                  "--slow-phase", "forward", "--slow-kind", "sleep"]  # fmt: skip
 LIVE_OFF = {"HVTRACE_LIVE_EVERY": "0"}
 #: The plain traced demo of ``test_record_horovod.py``: 10 steps of a 2-layer, 64-wide MLP.
 PLAIN_STEPS = 10

@@ -28,7 +28,7 @@ from helpers import (
     PLAIN_STEPS,
     SCENARIOS,
     SLOW_RANK1_JOB,
-    SLOW_SLEEP25_JOB,
+    SLOW_SLEEP_JOB,
     Scenario,
     run_horovodrun,
     tail,
@@ -105,8 +105,9 @@ def plain_run(batched: Callable[[Scenario], RecordedJob]) -> RecordedJob:
 
 
 @pytest.fixture(scope="session")
-def slow_sleep25_run(compare_runs: tuple[RecordedJob, RecordedJob]) -> RecordedJob:
-    """``SLOW_SLEEP25_JOB``: rank 1 sleeps 25 ms in each forward, live detection off.
+def slow_sleep_run(compare_runs: tuple[RecordedJob, RecordedJob]) -> RecordedJob:
+    """``SLOW_SLEEP_JOB``: rank 1 sleeps ``SLOW_SLEEP_MS`` (50 ms) in each forward, live
+    detection off.
 
     Read by ``test_compare_runs.py`` (against its base run: a new straggler) and
     ``test_causes.py`` (rank 1 named, blocked: the cause of a sleep). Recorded right after the
@@ -118,7 +119,7 @@ def slow_sleep25_run(compare_runs: tuple[RecordedJob, RecordedJob]) -> RecordedJ
 #: ``test_compare_runs.py``'s jobs share a launch of their own (group ``compare``): its base run
 #: and the slowed one first, one after the other
 COMPARE_BASE = traced_scenario("compare_base", *COMPARE_JOB, env=LIVE_OFF, group="compare")
-SLOW_SLEEP25 = traced_scenario("slow_sleep25", *SLOW_SLEEP25_JOB, env=LIVE_OFF, group="compare")
+SLOW_SLEEP = traced_scenario("slow_sleep", *SLOW_SLEEP_JOB, env=LIVE_OFF, group="compare")
 
 
 @pytest.fixture(scope="session")
@@ -126,10 +127,10 @@ def compare_runs(
     batched: Callable[[Scenario], RecordedJob],
 ) -> tuple[RecordedJob, RecordedJob]:
     """``COMPARE_JOB`` as is (the base run of ``test_compare_runs.py``), then at once
-    ``slow_sleep25_run``: the two runs that module's slowed-rank test diffs, recorded back to
+    ``slow_sleep_run``: the two runs that module's slowed-rank test diffs, recorded back to
     back (one launch, declared one after the other) whichever module asks first, so that a
-    change of the machine's load between them cannot pass for (or hide) the 25 ms injected."""
-    runs = [batched(COMPARE_BASE), batched(SLOW_SLEEP25)]
+    change of the machine's load between them cannot pass for (or hide) the sleep injected."""
+    runs = [batched(COMPARE_BASE), batched(SLOW_SLEEP)]
     for job in runs:
         assert "rank 0: 60 steps" in job.stdout, tail(job.stderr)
     return runs[0], runs[1]

@@ -2,8 +2,8 @@
 
 Three jobs of the demo trainer (2 ranks, Gloo), each with rank 1 slowed a different way:
 
-- it **sleeps** 25 ms in its forward (``--slow-kind sleep``): blocked (the job is the slowed
-  one of ``test_compare_runs.py``, 60 steps, shared: ``slow_sleep25_run`` in ``conftest.py``);
+- it **sleeps** 50 ms in its forward (``--slow-kind sleep``): blocked (the job is the slowed
+  one of ``test_compare_runs.py``, 60 steps, shared: ``slow_sleep_run`` in ``conftest.py``);
 - it **computes** 25 ms more in its forward (``--slow-kind compute``: matrix products on the
   training thread for 25 ms of its CPU time): more work;
 - nothing is injected into the job; each rank is pinned to its own core (``--pin-cores``) and a
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ran_steps, run_train, tail, traced_scenario
+from helpers import SLOW_SLEEP_MS, ran_steps, run_train, tail, traced_scenario
 
 from hvtrace.analysis.summary import analyze
 from hvtrace.load import load_run
@@ -58,14 +58,16 @@ def test_an_injected_delay_is_named_with_its_cause(
     request: pytest.FixtureRequest, batched, kind: str, cause: str
 ) -> None:
     if kind == "sleep":
-        # the sleeping rank's job is test_compare_runs.py's (``helpers.SLOW_SLEEP25_JOB``: the
+        # the sleeping rank's job is test_compare_runs.py's (``helpers.SLOW_SLEEP_JOB``: the
         # same model, 60 steps, live detection off), recorded once a session
-        a = analyze(load_run(request.getfixturevalue("slow_sleep25_run").trace))
+        a = analyze(load_run(request.getfixturevalue("slow_sleep_run").trace))
+        injected_ms = SLOW_SLEEP_MS
     else:
         a = analyze(load_run(ran_steps(batched(COMPUTE), 40)))
+        injected_ms = 25
     s = _the_straggler(a)
     assert s["phase"] == "forward" and s["cause"] == cause, s
-    # the part of that cause is most of the injected 25 ms (the compute is 25 ms of the
+    # the part of that cause is most of what was injected (the compute is 25 ms of the
     # thread's CPU time: 24.96-25.19 ms measured as work in 5 runs), the others small. But a
     # rank that computes longer beside the other rank's wait (Horovod's wait spins on a CPU) also
     # waits for a CPU meanwhile on this 2-core machine: 3.2-9.7 ms of contention in those runs,
@@ -73,7 +75,7 @@ def test_an_injected_delay_is_named_with_its_cause(
     # (`make test-busy`, where rank 1's core is shared three ways). That is real and reported as
     # such: it has to stay below the work part, or below what that work waits for at the rate
     # rank 1 waited for a CPU in its backward (the phase nobody slowed) of the same run
-    assert 18.0 <= s[f"{cause}_ms"] <= 32.0, s
+    assert 0.72 * injected_ms <= s[f"{cause}_ms"] <= 1.28 * injected_ms, s  # 18..32 for 25 ms
     for other in {"work", "contention", "blocked"} - {cause}:
         if kind == "compute" and other == "contention":
             r1 = a.analyzed[(a.analyzed["rank"] == 1) & (a.analyzed["step"] >= 1)]

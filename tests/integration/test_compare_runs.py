@@ -14,7 +14,7 @@ known change each, and the same job at 1, 2 and 4 ranks.
 from __future__ import annotations
 
 import pytest
-from helpers import COMPARE_JOB, LIVE_OFF, ran_steps, run_train, traced_scenario
+from helpers import COMPARE_JOB, LIVE_OFF, SLOW_SLEEP_MS, ran_steps, run_train, traced_scenario
 
 from hvtrace.analysis import analyze
 from hvtrace.analysis.diff import diff_runs
@@ -60,12 +60,12 @@ def test_a_wider_layer_resizes_its_tensors_and_slows_the_backward(base, batched)
     assert parts["backward"] >= parts.drop(["backward", "wait"]).max(), parts
 
 
-def test_a_slowed_rank_is_a_new_straggler(base, slow_sleep25_run) -> None:
-    """``JOB`` with rank 1 sleeping 25 ms in its forward (``helpers.SLOW_SLEEP25_JOB``: the run
+def test_a_slowed_rank_is_a_new_straggler(base, slow_sleep_run) -> None:
+    """``JOB`` with rank 1 sleeping 50 ms in its forward (``helpers.SLOW_SLEEP_JOB``: the run
     is shared with ``test_causes.py``, recorded once a session)."""
-    slow = analyze(load_run(slow_sleep25_run.trace), skip_steps=1)
+    slow = analyze(load_run(slow_sleep_run.trace), skip_steps=1)
     d = diff_runs(base, slow)
-    assert d.step["significant"] and d.step["delta_ms"] > 10, d.step
+    assert d.step["significant"] and d.step["delta_ms"] > SLOW_SLEEP_MS / 4, d.step
     r = d.ranks.set_index("rank")
     assert list(r.index) == [1], d.ranks
     assert (r.at[1, "phase_b"], r.at[1, "cause_b"]) == ("forward", "blocked"), d.ranks
@@ -73,8 +73,9 @@ def test_a_slowed_rank_is_a_new_straggler(base, slow_sleep25_run) -> None:
     # named in both, then for another phase and cause
     assert r.at[1, "status"] == "new" or r.at[1, "cause_a"] == "contention", d.ranks
     causes = d.causes.set_index(["phase", "cause"])["delta_ms"]
-    # the sleep, blocked: 25 ms on rank 1, 12.5 ms per rank and step of the two
-    assert causes[("forward", "blocked")] == pytest.approx(12.5, abs=2.5), d.causes
+    # the sleep, blocked: 50 ms on rank 1, 25 ms per rank and step of the two
+    half = SLOW_SLEEP_MS / 2
+    assert causes[("forward", "blocked")] == pytest.approx(half, abs=half / 5), d.causes
 
 
 def test_fp16_compression_halves_the_bytes_and_is_named(base, batched) -> None:

@@ -5,13 +5,18 @@ other, in one launch: ``tests/batch_train.py``).
 - rank 1 sleeps 30 ms in its input from step 60 of 150: the report names rank 1, its input (or
   the ``data`` span inside it), blocked, from step 60 (+-5); live detection (a window every 20
   steps) names rank 1 and no other rank;
-- the same job without the sleep: no rank is named, offline or live (a host short of CPU may be,
-  once per episode).
+- the same job without the sleep: no rank is named for anything of its own, offline or live (a
+  host short of CPU may be, once per episode, and offline a rank that waited for a CPU far
+  longer than the others, for that: cause ``contention``).
 
 Decision margins, from the runs these tests were written on (2-core VM, neighbour unpinned): the
 sleeping rank was last in 80-98 % of the steps of its episode (the decision needs 75 %) and its
 input excess was 30 ms against a work margin of 2-10 ms; the stretch found began within 3 steps
-of step 60.
+of step 60. With ``make test-busy``'s neighbour beside this test's own (two busy processes, two
+ranks, two cores), the balanced job's rank 1 was last in 81 % of the steps, 12.6 ms late, 12.5 ms
+of its step runnable without a CPU against the host's median 6.7 (29 Nov 2026): as when a busy
+process sits on that rank's core (``test_causes.py``), it is named for contention, which is the
+host's doing and said so, not the job's.
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ def test_a_rank_that_starts_sleeping_mid_run_is_named_on_a_busy_host(batched, bu
 def test_a_balanced_job_on_a_busy_host_names_no_rank(batched, busy_runs) -> None:
     a = _run(batched, BALANCED)
     why = (a.verdicts.to_string(), [f.message for f in a.findings])
-    assert a.stragglers.empty and a.slow_hosts.empty, why
+    # nobody named for work, a block or speed of its own: at most for waiting for a CPU
+    assert set(a.stragglers["cause"]) <= {"contention"} and a.slow_hosts.empty, why
     kinds = {f.kind for f in a.findings if f.severity == "warning"}
     assert not kinds & {"straggler", "rank0_blocking", "divergence", "slow_host"}, why
     assert not [e for e in a.live if e.get("rank") is not None], a.live
