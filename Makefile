@@ -12,10 +12,15 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for the unit tests (`make test`, `make unit`); 0 runs them in one process
 UNIT_WORKERS ?= 2
 # The unit tests: in UNIT_WORKERS processes, then those marked `timing` alone (they measure CPU
-# time: no other test may run beside them; tests/conftest.py).
+# time: no other test may run beside them; tests/conftest.py). UNIT_SELECT: `make unit` leaves
+# out the slow ones (--quick: tests/unit/slow_tests.txt, written by scripts/slow_tests.py).
+# The timing phase collects only the files that mark such tests (collecting all of tests/unit
+# costs about 15 s).
+UNIT_SELECT ?=
+TIMING_FILES := $(or $(shell grep -l 'pytest.mark.timing' tests/unit/*.py),tests/unit)
 UNIT_RUN = u=0; t=0; \
-	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --timing-tests=skip $(PYTEST_ARGS) || u=$$?; \
-	$(PY) -m pytest tests/unit --timing-tests=only $(PYTEST_ARGS) || t=$$?
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) --timing-tests=skip $(UNIT_SELECT) $(PYTEST_ARGS) || u=$$?; \
+	$(PY) -m pytest $(TIMING_FILES) --timing-tests=only $(UNIT_SELECT) $(PYTEST_ARGS) || t=$$?
 # Each pytest phase runs whatever the others' results; its exit status 5 (PYTEST_ARGS selected no
 # test in it) fails only when no phase ran a test.
 PHASES_OK = for rc in $$u $$t $$i; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done; \
@@ -66,6 +71,8 @@ endif
 test-busy: setup
 	$(PY) -m pytest tests/integration --busy-neighbour $(PYTEST_ARGS)
 
+## unit: the quick loop while changing code: the unit tests but the slow ones (make test runs all)
+unit: UNIT_SELECT = --quick
 unit: setup
 	$(UNIT_RUN); $(PHASES_OK)
 

@@ -48,6 +48,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="keep one core busy with another process for the whole session (a busy machine)",
     )
     parser.addoption(
+        "--quick",
+        action="store_true",
+        help="leave out the unit tests listed in tests/unit/slow_tests.txt (make unit: the quick "
+        "loop; make test runs them all)",
+    )
+    parser.addoption(
         "--timing-tests",
         choices=("auto", "skip", "only"),
         default="auto",
@@ -107,6 +113,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             "jobs launched through tests/helpers.run_job: "
             + "; ".join(f"{k} {len(v)}, {sum(v):.0f} s" for k, v in sorted(by.items()))
         )
+    if config.getoption("--quick"):
+        terminalreporter.write_line(
+            "--quick: the unit tests listed in tests/unit/slow_tests.txt were left out "
+            "(make test runs them)"
+        )
     if config.getoption("--timing-tests") == "auto" and getattr(config.option, "numprocesses", 0):
         terminalreporter.write_line(
             "note: the xdist workers left out the tests marked timing; "
@@ -114,8 +125,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         )
 
 
+#: The unit tests ``--quick`` leaves out (``scripts/slow_tests.py`` writes it from a measured run).
+SLOW_TESTS = Path(__file__).resolve().parent / "unit" / "slow_tests.txt"
+
+
+def _leave_out_slow_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``--quick``, deselect the tests listed in :data:`SLOW_TESTS` (``path::name``: every
+    parametrization of it)."""
+    if not config.getoption("--quick"):
+        return
+    lines = SLOW_TESTS.read_text().splitlines() if SLOW_TESTS.is_file() else []
+    slow = {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+    keep, drop = [], []
+    for it in items:
+        (drop if it.nodeid.split("[", 1)[0] in slow else keep).append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _select_timing_tests(config, items)
+    _leave_out_slow_tests(config, items)
     horovod_items = [it for it in items if it.get_closest_marker("horovod")]
     if horovod_items:
         reason = horovod_unavailable_reason()
