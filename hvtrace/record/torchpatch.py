@@ -122,6 +122,8 @@ class ModuleHook(functools.partial):
     forward is not the training model's) and needs nothing of hvtrace."""
 
     def __reduce__(self) -> tuple:
+        # inert_hook's partial spelled out, not a reference to inert_hook: a pickle that named
+        # hvtrace.record.torchpatch would need hvtrace installed to load
         return (functools.partial, (sys.audit, INERT_HOOK_EVENT))
 
     def __deepcopy__(self, memo: dict) -> functools.partial:
