@@ -29,6 +29,8 @@ from hvtrace.load import load_run
 pytestmark = [pytest.mark.horovod, pytest.mark.timeout(900)]
 
 COMMON = ["--steps", "40", "--width", "512", "--layers", "4", "--batch-size", "64"]
+#: The extra work rank 1's forward computes in the compute case (ms of its thread's CPU time).
+COMPUTE_MS = 25
 
 
 def _analyze(tmp_path: Path, *args: str, steps: int = 40):
@@ -40,8 +42,8 @@ def _analyze(tmp_path: Path, *args: str, steps: int = 40):
 
 
 COMPUTE = traced_scenario(
-    "causes_compute", *COMMON, "--slow-rank", "1", "--slow-ms", "25", "--slow-phase", "forward",
-    "--slow-kind", "compute",
+    "causes_compute", *COMMON, "--slow-rank", "1", "--slow-ms", str(COMPUTE_MS),
+    "--slow-phase", "forward", "--slow-kind", "compute",
 )  # fmt: skip
 
 
@@ -64,7 +66,7 @@ def test_an_injected_delay_is_named_with_its_cause(
         injected_ms = SLOW_SLEEP_MS
     else:
         a = analyze(load_run(ran_steps(batched(COMPUTE), 40)))
-        injected_ms = 25
+        injected_ms = COMPUTE_MS
     s = _the_straggler(a)
     assert s["phase"] == "forward" and s["cause"] == cause, s
     # the part of that cause is most of what was injected (the compute is 25 ms of the
