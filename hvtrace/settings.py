@@ -73,7 +73,7 @@ POLL_US: Final = Setting(
 )
 COUNTERS_MS: Final = Setting(
     "HVTRACE_COUNTERS_MS",
-    20.0,
+    250.0,
     0.0,
     1e6,
     "ms between two steps whose CPU counters are read, at most: steps shorter than half of it "
@@ -259,12 +259,16 @@ def poll_interval_ns(explicit: float | None = None) -> int:
 
 def counters_gap_ns(explicit: float | None = None) -> int:
     """The most time (ns) between two steps whose training-thread CPU counters are read
-    (:mod:`hvtrace.record.cpustat`): ``explicit`` (ms), else ``$HVTRACE_COUNTERS_MS``, else 20 ms;
+    (:mod:`hvtrace.record.cpustat`): ``explicit`` (ms), else ``$HVTRACE_COUNTERS_MS``, else 250 ms;
     0 reads them on every step; bounded to 0..1000 s. A reading costs the training thread two
-    system calls, five a step: a point or so of a 3 ms step (``bench/wallclock.py``). Steps shorter
-    than half of this read them on one step in ``k`` (a power of two up to 64: the largest whose
-    ``k`` steps last no longer than this, reviewed every 64 steps), the steps whose number ``k``
-    divides, so that the ranks read them on the same steps."""
+    system calls, five a step, and each system call is a point where the kernel may switch to a
+    thread that has woken meanwhile (Horovod's background thread wakes every cycle): on a rank
+    that shares its core with Horovod's threads, a step that read the counters cost about half a
+    millisecond more than one that did not (``bench/wallclock.py``, ``bench/inrun_phases.py``).
+    Steps shorter than half of this read them on one step in ``k`` (a power of two up to 64: the
+    largest whose ``k`` steps last no longer than this, reviewed every 64 steps), the steps whose
+    number ``k`` divides, so that the ranks read them on the same steps: ten or more steps a
+    second, whatever the step, and every step of the first 128."""
     return int(_value(COUNTERS_MS, explicit, float) * 1_000_000)
 
 
