@@ -15,6 +15,8 @@ several identical models, one per arm, their steps taking turns in a new random 
 - ``T``: hvtrace's, as shipped (the CPU counters on one step in k at short steps,
   ``$HVTRACE_COUNTERS_MS``);
 - ``C``: hvtrace's, the CPU counters read on every step (five readings, ten system calls);
+- ``K``: hvtrace's, the counters at the default before 29 Nov 2026 (``HVTRACE_COUNTERS_MS=20``:
+  at 3-5 ms steps, one step in 4);
 - ``N``: hvtrace's, the counters never read (its reading replaced by a call that returns None:
   not a configuration a user can choose);
 - ``O``: hvtrace's, the in-flight allreduces not polled during the backward
@@ -64,7 +66,7 @@ torch.set_num_threads(1)
 
 import hvtrace
 
-TRACED = set("TCNO")
+TRACED = set("TCKNO")
 models, opts = {}, {}
 for a in arms:  # the arms made in the order given
     if a == "D":
@@ -80,6 +82,8 @@ for a in arms:  # the arms made in the order given
         os.environ.pop("HVTRACE_POLL_US", None)
         if a == "C":
             o._hvtrace._sample_counters(0)  # every step
+        elif a == "K":
+            o._hvtrace._sample_counters(20_000_000)  # the default until 29 Nov 2026
         elif a == "N":
             o._hvtrace.read = type(None)  # a compiled call that returns None: no reading
     else:
@@ -253,7 +257,9 @@ def print_rank(r: int, s: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arms", default="P,Q,T,C,N", help="of P, Q, T, C, N, O, D, H (see above)")
+    ap.add_argument(
+        "--arms", default="P,Q,T,C,K,N", help="of P, Q, T, C, K, N, O, D, H (see above)"
+    )
     ap.add_argument("--seconds", type=float, default=25.0, help="measured after --warmup-s")
     ap.add_argument("--warmup-s", type=float, default=8.0)
     ap.add_argument("--size", default="3ms", choices=sorted(wallclock.SIZES))
@@ -262,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
-    bad = [a for a in arms if a not in "PQTCNODH" or len(a) != 1]
+    bad = [a for a in arms if a not in "PQTCKNODH" or len(a) != 1]
     if bad or len(set(arms)) != len(arms) or ("D" in arms and "T" not in arms):
-        ap.error(f"--arms: letters of PQTCNODH, each once (D needs T): {args.arms}")
+        ap.error(f"--arms: letters of PQTCKNODH, each once (D needs T): {args.arms}")
     width, layers, batch = wallclock.SIZES[args.size]
     env = wallclock._env(args.cycle_ms, {**(wallclock.MODES["floor"] or {}),
                                          "INRUN_GC_OFF": "1" if args.gc_off else "0"})  # fmt: skip
