@@ -151,6 +151,24 @@ def test_no_link_is_the_limit_when_the_job_beats_the_measured_rates() -> None:
     assert lim["stands_out"] and lim["busbw_share"] > 1.2 and not lim["limits"]
 
 
+def test_one_hosts_link_is_bounded_by_its_best_reading() -> None:
+    """A shaped host's link measured in and out (a quiet 3-host run, 200 Mbit/s: 0.0171 and
+    0.0191 GB/s) and the ring's bus bandwidth 1.16 times the lower: the link's two readings are
+    of one link, and the ring beats neither by more than the slack. Links that are not one
+    host's keep the slowest as the bound; a bus bandwidth far above the best reading still shows
+    the rates are not capacities (a busy run: 0.053-0.059 GB/s, bus bandwidth 0.0747)."""
+    files, hosts = ring({(3, 2): 17.1, (2, 1): 19.1, (1, 3): 179})
+    lim = limiting_link(link_table(connection_rows(files, hosts)), busbw_gbps=0.01975)
+    assert lim["host"] == "h2" and lim["busbw_share"] > 1.15 and lim["limits"]
+    files, hosts = ring({(1, 2): 53, (2, 3): 59, (3, 1): 298})
+    lim = limiting_link(link_table(connection_rows(files, hosts)), busbw_gbps=0.0747)
+    assert lim["host"] == "h2" and not lim["limits"]
+    files, hosts = ring({(1, 2): 100, (2, 3): 130, (3, 1): 140})  # alike: no host, no stand-out
+    lim = limiting_link(link_table(connection_rows(files, hosts)), busbw_gbps=0.118)
+    assert lim["host"] is None and not lim["limits"]  # 1.18 x the slowest
+    assert limiting_link(link_table(connection_rows(files, hosts)), busbw_gbps=0.112)["limits"]
+
+
 def test_links_a_little_apart_do_not_stand_out() -> None:
     files, hosts = ring({(1, 2): 100, (2, 3): 200, (3, 1): 210})
     lim = limiting_link(link_table(connection_rows(files, hosts)), busbw_gbps=0.07)
