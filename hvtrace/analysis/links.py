@@ -14,7 +14,8 @@ limit: a slow link that stands out from the others limits the job from :data:`LI
 of its rate on, links that all run alike only when the job nearly saturates them
 (:data:`SATURATED_SHARE`; TCP through a busy host's network stack is also slow on every link,
 without a link being the limit), and never when the job's bus bandwidth beats the slowest
-link's measured rate (:data:`PLAUSIBLE_SHARE`: then the rates are not the links' capacity).
+link's measured rate, or where the slow links are one host's, the best of them
+(:data:`PLAUSIBLE_SHARE`: then the rates are not the links' capacity).
 No link is named the limit either where a host at its ends is short of CPU (its ranks wait
 for one; against a link that stands out, much longer than the other hosts' ranks): TCP through
 a CPU-starved network stack is slow on any link. When the slow links all
