@@ -340,11 +340,16 @@ def run_once(
     return statistics.fmean(meds), background
 
 
-def whole_job_background(ranks: list[dict[str, float]]) -> dict[str, Any]:
+def whole_job_background(ranks: list[dict[str, float]] | None) -> dict[str, Any]:
     """hvtrace's background work in a job whose every step is traced (:func:`run_once`'s
     second value): per rank, its threads' CPU per step; rank 0's judge's; and the share of a
     core they take, (the busier rank's threads + the judge) / the wall time measured. On a core
-    the rank has to itself that share is the most they can add to its steps' wall time."""
+    the rank has to itself that share is the most they can add to its steps' wall time. None
+    (an untraced mode, no job run): none of it."""
+    if ranks is None:
+        return {"threads_ms_per_step": [0.0, 0.0], "judge_ms_per_step": 0.0,
+                "switches_per_step": [0.0, 0.0], "share_pct": 0.0, "steps": 0,
+                "wall_s": 0.0}  # fmt: skip
     per_rank = [r["bg_cpu_ms"] / max(1, r["steps"]) for r in ranks]
     judge = ranks[0]["judge_cpu_ms"] / max(1, ranks[0]["steps"])
     wall = ranks[0]["wall_ms"]
@@ -654,10 +659,8 @@ def main_inrun(args: argparse.Namespace, sizes: list[str], modes: list[str]) -> 
                 results[size, mode] = summarize_inrun(ranks, args.warmup_s)
                 raw[f"{size}/{mode}"] = ranks
                 # hvtrace's background work where every step is traced, as in a user's job
-                if mode == "untraced":
-                    bg = [{"bg_cpu_ms": 0.0, "judge_cpu_ms": 0.0, "bg_switches": 0,
-                           "wall_ms": 1.0, "steps": 1}] * 2  # fmt: skip
-                else:
+                bg = None  # untraced: no hvtrace, no background to measure
+                if mode != "untraced":
                     bg = run_once(size, mode, args.seconds, args.cycle_ms, Path(tmp),
                                   not args.no_pin, args.warmup_s)[1]  # fmt: skip
                 results[size, mode]["background"] = whole_job_background(bg)
