@@ -506,6 +506,60 @@ def test_the_handle_wait_wrapper_notes_each_wait_in_both_forms(monkeypatch) -> N
     assert "tracer.done is not a list" in failures[0][0] and "append" in failures[1][0]
 
 
+def _synchronize_through_waits(form: str, monkeypatch) -> dict[str, Any]:
+    """A traced synchronize() whose Horovod waits for each handle through the wrapped module
+    synchronize(handle), as Horovod's optimizer does; then a wait outside it."""
+    monkeypatch.setenv("HVTRACE_NATIVE", form)
+    monkeypatch.setattr(hvdpatch, "observer", None)
+    job = Job()
+    tr = job.tr
+    seen: list[bool] = []
+
+    def horovod_wait(handle: int) -> int:
+        seen.append(hvdpatch.observer is tr)
+        return handle
+
+    wait = hvdpatch.wrap(horovod_wait)
+
+    def horovod_sync() -> None:
+        job.sync_calls += 1
+        for _t, _key, h in list(tr.enqueued):
+            wait(h)
+
+    tr._orig_sync = horovod_sync
+    job.forward_backward()
+    t0 = time.monotonic_ns()
+    job.step()
+    t1 = time.monotonic_ns()
+    syncs = [e for entries in tr.rec.entries for e in entries if isinstance(e, Allreduces)]
+    done = [d for s in syncs for d in s.done]
+    wait(99)  # no traced synchronize() running: nothing noted anywhere
+    return {
+        "type": type(wait).__name__,
+        "observer_in_waits": seen,
+        "done": [h for h, _ in done],
+        "on_host_clock": all(type(t) is int and t0 <= t <= t1 for _, t in done),
+        "after": list(tr.done),
+        "observer_after": hvdpatch.observer,
+        "failures": tr.rec.failures,
+    }
+
+
+def test_a_traced_synchronize_notes_each_handle_wait_in_both_forms(monkeypatch) -> None:
+    """The compiled synchronize() hands its tracer to the compiled wait wrapper without the
+    module attribute (a C pointer, cleared on return): every wait inside it is noted, in order,
+    on the host clock, and none after it, as in the Python form."""
+    if native._hot is None:
+        pytest.skip("hvtrace.record._hot is not built here")
+    compiled, python = (_synchronize_through_waits(f, monkeypatch) for f in ("1", "0"))
+    assert compiled.pop("type") == "HandleWait" and python.pop("type") == "function"
+    assert compiled == python
+    assert compiled["observer_in_waits"] == [True, True, False]  # the last: wait(99)
+    assert compiled["done"] == [1, 2] and compiled["on_host_clock"]
+    assert compiled["after"] == [] and compiled["observer_after"] is None
+    assert compiled["failures"] == []
+
+
 def test_the_compiled_step_closes_the_switch_check_while_recording_is_off(monkeypatch) -> None:
     """With recording off no reading comes, so the reader's own reviews never run: the compiled
     step() tells it each step, and after 64 the training thread's perf event is gone."""

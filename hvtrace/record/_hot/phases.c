@@ -235,6 +235,11 @@ static PyObject *make_allreduces(Phases *s, PyObject *end) {
     return out;
 }
 
+/* The tracer inside its own synchronize() (borrowed: that call holds it), else NULL: what
+ * hvdpatch.observer says, read by HandleWait (wait.c) without a module attribute lookup per handle.
+ * The module attribute is still set, for the Python twin's wrapper (hvtrace.record.hot). */
+static PyObject *sync_observer = NULL;
+
 /* _synchronize() */
 static PyObject *Phases_synchronize(Phases *s, PyObject *noargs) {
     int en = rec_enabled(s);
@@ -254,7 +259,9 @@ static PyObject *Phases_synchronize(Phases *s, PyObject *noargs) {
     if (PyObject_SetAttr(OR_NONE(s->rec), s_between_steps, Py_False) < 0 ||
         PyObject_SetAttr(hvdpatch_mod, s_observer, (PyObject *)s) < 0)
         goto pre_error;
+    sync_observer = (PyObject *)s;
     PyObject *out = PyObject_CallNoArgs(OR_NONE(s->orig_sync));
+    sync_observer = NULL;
     s->in_sync = 0;
     {
         PyObject *type, *exc, *tb;
