@@ -267,7 +267,10 @@ def placement(headers: dict[int, dict[str, Any]]) -> dict[str, Any]:
     ``cpu_count`` (the host's logical CPUs, as the first rank saw it), ``cores`` (the CPUs the
     ranks may run on: the union of their affinities, else ``cpu_count``), ``threads`` (rank ->
     torch intra-op threads), ``threads_total`` and ``oversubscribed`` (``threads_total >
-    cores``, or a rank asking for more threads than its own affinity has); and ``shared_gpus``:
+    cores``, or a rank asking for more threads than its own affinity has), ``snug_ranks`` (the
+    ranks pinned to exactly as many CPUs as they run torch threads, fewer than the host has:
+    their other threads, Horovod's background thread first, have no CPU of their own); and
+    ``shared_gpus``:
     per CUDA device used by two ranks or more of one host, ``host``, ``device`` (UUID, else PCI
     bus id), ``ranks``, ``index``, ``name``, ``visible`` (the devices each process sees).
     Ranks whose headers lack the fields (older files) are left out."""
@@ -281,7 +284,7 @@ def placement(headers: dict[int, dict[str, Any]]) -> dict[str, Any]:
             e = hosts.setdefault(
                 host,
                 {"host": host, "ranks": [], "cpu_count": cpu.get("cpu_count"), "threads": {},
-                 "_cpus": set(), "_tight": []},
+                 "_cpus": set(), "_tight": [], "_snug": []},
             )  # fmt: skip
             e["ranks"].append(int(rank))
             e["threads"][int(rank)] = int(cpu["torch_threads"])
@@ -290,6 +293,8 @@ def placement(headers: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 e["_cpus"].update(int(c) for c in aff)
                 if int(cpu["torch_threads"]) > len(aff):
                     e["_tight"].append(int(rank))
+                elif int(cpu["torch_threads"]) == len(aff) < int(cpu.get("cpu_count") or 0):
+                    e["_snug"].append(int(rank))
         cuda = h.get("cuda")
         if isinstance(cuda, dict):
             dev = cuda.get("uuid") or cuda.get("pci_bus_id")
@@ -303,7 +308,7 @@ def placement(headers: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 g["ranks"].append(int(rank))
     out_hosts = []
     for e in hosts.values():
-        cpus, tight = e.pop("_cpus"), e.pop("_tight")
+        cpus, tight, e["snug_ranks"] = e.pop("_cpus"), e.pop("_tight"), e.pop("_snug")
         cores = len(cpus) if cpus else e["cpu_count"]
         total = sum(e["threads"].values())
         e["cores"] = cores

@@ -393,7 +393,9 @@ def _stragglers(a: Analysis, skip_rank0: bool = False) -> list[Finding]:
                 "its own intra-op threads, themselves waiting for a CPU, shows as blocked, so "
                 "the likely cause is the threads, not I/O"
             )
-        if cause:
+        if cause == "contention" and not threads_wait:
+            msg += f"; {contention_advice(a, str(s['host']))}"
+        elif cause:
             msg += f"; {cause_advice('contention' if threads_wait else cause, a.controller)}"
         elif r == 0 and s["phase"] in ("backward", "compute") and a.timing == "host_monotonic":
             msg += (
@@ -471,6 +473,42 @@ def cause_advice(cause: str, controller: str = "") -> str:
     return advice
 
 
+def contention_advice(a: Analysis, host: str) -> str:
+    """What to do about ``host``'s ranks waiting for a CPU: :func:`cause_advice`'s, but where
+    every one of them is already pinned to exactly as many CPUs as it runs torch threads
+    (:func:`hvtrace.analysis.antipatterns.placement`'s ``snug_ranks``), where fewer threads and
+    pinning are what was done: whatever else runs on those CPUs (the rank's other threads,
+    another job) takes its time from them."""
+    for e in (getattr(a, "placement", None) or {}).get("hosts") or []:
+        if str(e.get("host")) != host or not e.get("ranks") or e.get("oversubscribed"):
+            continue
+        if set(e["ranks"]) - set(e.get("snug_ranks") or []):
+            break
+        n = sorted(set((e.get("threads") or {}).values()))
+        each = f"{n[0]} each" if len(n) == 1 else "each its own"
+        wider = "mpirun binding" if a.controller == "mpi" else "taskset or --binding-args"
+        do = (
+            f"give each rank a second CPU (a wider {wider})"
+            if n == [1]
+            else f"leave each rank one CPU more than its torch threads (a wider {wider}, or "
+            "torch.set_num_threads one lower)"
+        )
+        do = f"keep other jobs off those CPUs and {do}"
+        cycle = _knob(a.horovod_env, "HOROVOD_CYCLE_TIME")
+        try:
+            short = float(a.horovod_env.get("HOROVOD_CYCLE_TIME") or "nan") < 1.0
+        except ValueError:
+            short = False
+        return (
+            f"each of its ranks is pinned to as many CPUs as it runs torch threads ({each}), so "
+            "whatever else runs on those CPUs takes its time from them: the rank's other threads "
+            f"(Horovod's background thread, which wakes every cycle, {cycle}; hvtrace's; "
+            "DataLoader workers, which inherit the pinning) or other jobs' processes there; "
+            f"{do}" + (", or a longer HOROVOD_CYCLE_TIME (fewer wake-ups)" if short else "")
+        )
+    return cause_advice("contention", a.controller)
+
+
 def cause_line(s: pd.Series) -> str:
     """One line on why a straggler is slow: "rank 1: backward +12.4 ms, of which 11.8 ms
     waiting for a CPU on host vm (contention)", from a row of ``Analysis.stragglers``."""
@@ -520,7 +558,7 @@ def _contention(a: Analysis) -> list[Finding]:
                     if h.host in over
                     else ""
                     if h.host in advised
-                    else "; " + cause_advice("contention", a.controller)
+                    else "; " + contention_advice(a, str(h.host))
                 ),
                 h.runq_ms,
                 "ms",

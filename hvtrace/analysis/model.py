@@ -213,7 +213,11 @@ FINDING_KINDS: dict[str, FindingKind] = {
         "The run-queue wait per step (`data.runq_ms`), or the rank's what-if cost.",
         "Run fewer busy threads than cores per rank (torch.set_num_threads / OMP_NUM_THREADS, "
         "fewer DataLoader workers), pin ranks to their own cores (horovodrun --binding-args, "
-        "taskset), keep other jobs off the host.",
+        "taskset), keep other jobs off the host. Where every rank of the host is already pinned "
+        "to exactly as many CPUs as it runs torch threads, whatever else runs there (its other "
+        "threads: Horovod's background thread, DataLoader workers; or another job) takes its "
+        "time from those: keep other jobs off them and give each rank a CPU more, or, where "
+        "HOROVOD_CYCLE_TIME was shortened below 1 ms, lengthen it.",
     ),
     "oversubscribed": FindingKind(
         "More threads than cores on a host",

@@ -308,3 +308,41 @@ def test_rank_words() -> None:
     assert antipatterns.rank_words([3, 0, 1, 2]) == "0-3"
     assert antipatterns.rank_words([0, 1]) == "0, 1"
     assert antipatterns.rank_words([0, 2, 3, 4, 9]) == "0, 2-4, 9"
+
+
+def _contended(headers: dict, env: dict | None = None) -> str:
+    """The contention finding's message for host h, short of CPU, with these rank headers."""
+    from hvtrace.analysis.findings import _contention
+
+    a = analyze_spans(synth_spans(ranks=2, steps=10, tensors=2), hosts={0: "h", 1: "h"})
+    a.placement = antipatterns.placement(headers)
+    a.horovod_env = env or {}
+    a.contention = pd.DataFrame(
+        [{"host": "h", "ranks": [0, 1], "runq_ms": 0.5, "work_ms": 4.1, "work_share": 0.12,
+          "worst_rank": 0, "worst_runq_ms": 0.5, "short": True}]
+    )  # fmt: skip
+    (f,) = _contention(a)
+    return f.message
+
+
+def test_contention_on_ranks_pinned_to_their_torch_threads_is_not_told_to_pin_them() -> None:
+    """Each rank pinned to one CPU with one torch thread (a correct 2-rank job here, under a
+    0.1 ms Horovod cycle, waited 12 % of its time outside synchronize): pinning and fewer threads
+    are what was done; its own other threads, or another job there, take the CPU. Anywhere else,
+    the usual advice."""
+    pinned = {r: {"host": "h", **_cpu(1, affinity=[r])} for r in range(2)}
+    msg = _contended(pinned, {"HOROVOD_CYCLE_TIME": "0.1"})
+    assert "pinned to as many CPUs as it runs torch threads (1 each)" in msg
+    assert "Horovod's background thread, which wakes every cycle, HOROVOD_CYCLE_TIME=0.1" in msg
+    assert "or other jobs' processes there; keep other jobs off those CPUs" in msg
+    assert "give each rank a second CPU" in msg and "a longer HOROVOD_CYCLE_TIME" in msg
+    assert "pin ranks to their own cores" not in msg
+    two = {r: {"host": "h", **_cpu(2, affinity=[2 * r, 2 * r + 1], count=8)} for r in range(2)}
+    msg = _contended(two)  # the default cycle: not told to lengthen it
+    assert "(2 each)" in msg and "torch.set_num_threads one lower" in msg
+    assert "HOROVOD_CYCLE_TIME (default)" in msg and "longer HOROVOD_CYCLE_TIME" not in msg
+    free = {r: {"host": "h", **_cpu(1)} for r in range(2)}  # may run on all 4 CPUs
+    one = {0: pinned[0], 1: free[1]}  # one rank pinned, one not
+    for headers in (free, one):
+        msg = _contended(headers)
+        assert "pin ranks to their own cores" in msg and "pinned to as many" not in msg
