@@ -11,18 +11,21 @@ hvtrace's compiled code directly: one job under real ``horovodrun -np 2 --gloo``
 (``wallclock.py``'s: each rank pinned to a core, ``HOROVOD_CYCLE_TIME=0.1``, its model presets,
 ``--mode`` one of its modes' settings) trains one traced model; after ``--warmup-s``, ``perf
 record -e cpu-clock --call-graph dwarf`` samples rank 0's training thread (``-t TID``) at
-``--hz`` for ``--seconds``. Each sample is walked from its leaf towards the root and counted
-for the first frame that is hvtrace's compiled module (``hvtrace.record._hot``: that function,
-with the Python C-API calls, allocations, system calls and interrupts beneath it), Python's
-evaluation loop (Python code: not attributable by function on Python 3.11) or PyTorch's and
-Horovod's native code. A sample stands for ``1/hz`` s of the thread's CPU; divided by the steps
-rank 0 ended in the window, it gives µs a step per hook.
+``--hz`` for ``--seconds``, stamped on the monotonic clock (``-k mono``: the steps counted are
+those rank 0 ended between the first sample and the last). Each sample is walked from its leaf
+towards the root and counted for the first frame that is hvtrace's compiled module
+(``hvtrace.record._hot``: that function, with the Python C-API calls, allocations, system calls
+and interrupts beneath it), Python's evaluation loop (Python code: not attributable by function
+on Python 3.11) or PyTorch's and Horovod's native code. A sample stands for ``1/hz`` s of the
+thread's CPU; divided by the steps rank 0 ended in the window, it gives µs a step per hook. The
+job trains until the sampling is over (the parent leaves a file ``stop``): a thread that ends
+while perf samples it ends perf's recording with SIGTERM.
 
 What it does not see: hvtrace's work in Python (the backward wrapper, the recorder's
 ``extend``, live detection's ``on_step``, the consistency checks beyond their common step), the
 slower path PyTorch takes through a module that has hooks, and what hvtrace's work costs the
 code after it (caches, the scheduler): a lower bound on the training thread's cost, by hook. The
-sampling itself disturbs the thread (``perf`` copies 16 kB of stack a sample): compare runs of
+sampling itself disturbs the thread (``perf`` copies 8 kB of stack a sample): compare runs of
 this script with each other, not with the in-run figures.
 
 Needs ``perf`` (Debian: ``apt-get install linux-perf``) and a kernel that lets this user sample
@@ -78,7 +81,10 @@ while True:
     opt.step()
     ends.append((mono(), cpu()))
     if len(ends) % 50 == 0:  # rank 0 says when to stop, through an allreduce every rank takes
-        stop[0] = 1.0 if (hvd.rank() == 0 and time.perf_counter() - start > total_s) else 0.0
+        # (when the parent's sampling is over, or at the latest after total_s: a thread that ends
+        # while perf samples it ends perf's recording with SIGTERM)
+        done = os.path.exists(os.path.join(out, "stop")) or time.perf_counter() - start > total_s
+        stop[0] = 1.0 if (hvd.rank() == 0 and done) else 0.0
         if float(hvd.allreduce(stop, op=hvd.Sum, name="hot_profile.stop")) > 0:
             break
 hvtrace.finish()
@@ -91,18 +97,29 @@ if hvd.rank() == 0:
 HOT_DSO = "hvtrace/record/_hot."
 
 
-def classify(stacks: str) -> tuple[int, collections.Counter, collections.Counter]:
-    """``perf script -F ip,sym,dso`` output: the samples, the direct ones per hvtrace function
-    (the first frame from the leaf that is hvtrace's compiled module), and every sample's class
-    (``hvtrace``, ``python``: Python's evaluation loop first, ``native``: PyTorch's or Horovod's
-    native code first, ``other``)."""
+def classify(
+    stacks: str,
+) -> tuple[int, collections.Counter, collections.Counter, tuple[float, float] | None]:
+    """``perf script -F time,ip,sym,dso`` output: the samples, the direct ones per hvtrace
+    function (the first frame from the leaf that is hvtrace's compiled module), every sample's
+    class (``hvtrace``, ``python``: Python's evaluation loop first, ``native``: PyTorch's or
+    Horovod's native code first, ``other``), and the first and last sample's time (s; None
+    without times)."""
     per_fn: collections.Counter = collections.Counter()
     classes: collections.Counter = collections.Counter()
     n = 0
+    times: list[float] = []
     for block in stacks.split("\n\n"):
         frames = []
         for line in block.splitlines():
-            parts = line.strip().split(None, 1)
+            text = line.strip()
+            if text.endswith(":"):  # the sample's time
+                try:
+                    times.append(float(text[:-1]))
+                except ValueError:
+                    pass
+                continue
+            parts = text.split(None, 1)
             if len(parts) == 2:
                 sym, _, dso = parts[1].rpartition(" (")
                 frames.append((sym, dso.rstrip(")")))
@@ -122,7 +139,7 @@ def classify(stacks: str) -> tuple[int, collections.Counter, collections.Counter
                 what = "native"
                 break
         classes[what] += 1
-    return n, per_fn, classes
+    return n, per_fn, classes, ((min(times), max(times)) if times else None)
 
 
 def _tail(path: Path) -> str:
@@ -134,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """The job, sampled; the figures (see the module docstring)."""
     width, layers, batch = wallclock.SIZES[args.size]
     env = wallclock._env(args.cycle_ms, wallclock.MODES[args.mode])
-    total = args.warmup_s + args.seconds + 4.0
+    total = args.warmup_s + args.seconds + 120.0  # (it stops when told: the file "stop")
     with tempfile.TemporaryDirectory(prefix="hvtrace-hot-profile-") as tmp:
         out = Path(tmp)
         script = out / "worker.py"
@@ -155,12 +172,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(args.warmup_s)
                 t0 = time.monotonic_ns()
                 rec = subprocess.run(
-                    ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(args.hz),
-                     "--call-graph", "dwarf,16384", "-t", str(tid), "-o", str(out / "perf.data"),
+                    ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(args.hz), "-k", "mono",
+                     "--call-graph", "dwarf,8192", "-t", str(tid), "-o", str(out / "perf.data"),
                      "--", "sleep", str(args.seconds)],
-                    capture_output=True, text=True, timeout=args.seconds + 60,
+                    capture_output=True, text=True, timeout=args.seconds + 300,
                 )  # fmt: skip
                 t1 = time.monotonic_ns()
+                (out / "stop").touch()
                 if rec.returncode != 0:
                     said = (rec.stdout + rec.stderr).strip()[-500:]
                     raise RuntimeError(f"perf record failed ({rec.returncode}): {said}")
@@ -172,15 +190,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise RuntimeError(f"the job failed: {_tail(out / 'job.log')}")
         ends = json.loads((out / "steps.json").read_text())
         script_out = subprocess.run(
-            ["perf", "script", "-i", str(out / "perf.data"), "--no-inline", "-F", "ip,sym,dso"],
+            [
+                "perf",
+                "script",
+                "-i",
+                str(out / "perf.data"),
+                "--no-inline",
+                "-F",
+                "time,ip,sym,dso",
+            ],
             capture_output=True,
             text=True,
             timeout=600,
         )
+    n, per_fn, classes, span = classify(script_out.stdout)
+    if span is not None:  # the samples' own window (perf starts after t0: seconds, at times)
+        t0, t1 = int(span[0] * 1e9), int(span[1] * 1e9)
     inside = [(t, c) for t, c in ends if t0 <= t <= t1]
     steps = max(len(inside) - 1, 1)
     cpu_us = (inside[-1][1] - inside[0][1]) / 1e3 / steps if len(inside) > 1 else float("nan")
-    n, per_fn, classes = classify(script_out.stdout)
     us = 1e6 / args.hz / steps  # one sample, in µs a step
     return {
         "size": args.size,

@@ -22,9 +22,10 @@ def _module():
     return mod
 
 
-def _sample(*frames: tuple[str, str]) -> str:
-    """One sample as ``perf script -F ip,sym,dso`` prints it, leaf first."""
-    return "\n".join(f"\t  {i:x} {sym} ({dso})" for i, (sym, dso) in enumerate(frames))
+def _sample(*frames: tuple[str, str], at: float = 100.0) -> str:
+    """One sample as ``perf script -F time,ip,sym,dso`` prints it, leaf first."""
+    head = f" {at:.6f}: \n"
+    return head + "\n".join(f"\t  {i:x} {sym} ({dso})" for i, (sym, dso) in enumerate(frames))
 
 
 def test_each_sample_goes_to_the_first_attributable_frame_from_its_leaf() -> None:
@@ -47,9 +48,9 @@ def test_each_sample_goes_to_the_first_attributable_frame_from_its_leaf() -> Non
         # PyTorch's kernel called from a traced step: native
         _sample(("mkl_blas_def_sgemm_kernel_0_zen", TORCH), ("Phases_step", HOT)),
         # nothing known on the stack
-        _sample(("memcpy", "/lib/libc.so.6")),
+        _sample(("memcpy", "/lib/libc.so.6"), at=102.5),
     ]
-    n, per_fn, classes = mod.classify("\n\n".join(samples) + "\n")
-    assert n == 6
+    n, per_fn, classes, span = mod.classify("\n\n".join(samples) + "\n")
+    assert n == 6 and span == (100.0, 102.5)
     assert dict(per_fn) == {"enqueue_vectorcall": 1, "ph_span": 1, "Phases_step": 1}
     assert dict(classes) == {"hvtrace": 3, "python": 1, "native": 1, "other": 1}
