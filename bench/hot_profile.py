@@ -156,10 +156,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out = Path(tmp)
         script = out / "worker.py"
         script.write_text(WORKER)
-        bindir = Path(sys.executable).parent
-        job = ["sh", "-c", 'exec taskset -c "$HOROVOD_LOCAL_RANK" "$@"', "pin", sys.executable,
-               str(script), str(width), str(layers), str(batch), str(total), str(out)]  # fmt: skip
-        cmd = [str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *job]
+        cmd = wallclock.job_command(
+            script, [str(width), str(layers), str(batch), str(total), str(out)], pin=True
+        )
         with open(out / "job.log", "w") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:

@@ -364,16 +364,22 @@ def whole_job_background(ranks: list[dict[str, float]] | None) -> dict[str, Any]
     }
 
 
+def job_command(script: Path, args: list[str], pin: bool) -> list[str]:
+    """The command that runs ``script args`` as two ranks under ``horovodrun --gloo``, each
+    pinned to core ``$HOROVOD_LOCAL_RANK`` when ``pin``."""
+    bindir = Path(sys.executable).parent
+    job = [sys.executable, str(script), *args]
+    if pin:  # each rank (all its threads) on a core of its own: CPU $HOROVOD_LOCAL_RANK
+        job = ["sh", "-c", 'exec taskset -c "$HOROVOD_LOCAL_RANK" "$@"', "pin", *job]
+    return [str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *job]
+
+
 def _job(script: Path, args: list[str], env: dict[str, str], pin: bool, timeout_s: float,
          what: str) -> None:  # fmt: skip
     """Run ``script args`` as two ranks under ``horovodrun --gloo`` (each pinned to core
     ``$HOROVOD_LOCAL_RANK`` when ``pin``); raises RuntimeError with the output's tail if it
     fails."""
-    bindir = Path(sys.executable).parent
-    job = [sys.executable, str(script), *args]
-    if pin:  # each rank (all its threads) on a core of its own: CPU $HOROVOD_LOCAL_RANK
-        job = ["sh", "-c", 'exec taskset -c "$HOROVOD_LOCAL_RANK" "$@"', "pin", *job]
-    cmd = [str(bindir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *job]
+    cmd = job_command(script, args, pin)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if p.returncode != 0:
         raise RuntimeError(f"{what} failed ({p.returncode}): {(p.stdout + p.stderr)[-2000:]}")

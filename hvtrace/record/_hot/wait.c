@@ -39,13 +39,9 @@ static PyObject *handle_wait_vectorcall(PyObject *callable, PyObject *const *arg
     if (out == NULL || PyVectorcall_NARGS(nargsf) != 1 || (kwnames && PyTuple_GET_SIZE(kwnames)) ||
         hvdpatch_mod == NULL)
         return out;
-    if (sync_observer != NULL) { /* a compiled tracer's synchronize (phases.c): no lookup */
-        PyObject *obs = Py_NewRef(sync_observer);
-        if (note_done(obs, args[0]) < 0 && hand_to_fail(obs) < 0) Py_CLEAR(out);
-        Py_DECREF(obs);
-        return out;
-    }
-    PyObject *obs = PyObject_GetAttr(hvdpatch_mod, s_observer);
+    /* a compiled tracer's synchronize sets sync_observer (phases.c): no lookup */
+    PyObject *obs = sync_observer != NULL ? Py_NewRef(sync_observer)
+                                          : PyObject_GetAttr(hvdpatch_mod, s_observer);
     if (obs == NULL) { /* (hvdpatch always has it) */
         Py_DECREF(out);
         return NULL;
