@@ -63,6 +63,15 @@ LIVE_S: Final = Setting(
     "seconds per window of live straggler detection at least (0: windows of exactly "
     "HVTRACE_LIVE_EVERY steps); rank 0's value is used by all",
 )
+JUDGE_PCT: Final = Setting(
+    "HVTRACE_JUDGE_PCT",
+    0.25,
+    0.01,
+    100.0,
+    "percent of one CPU core rank 0's live judge may use on average: windows that end sooner "
+    "after a judgment than its CPU time allows wait and are judged with the next (100: each "
+    "window as it comes)",
+)
 POLL_US: Final = Setting(
     "HVTRACE_POLL_US",
     200.0,
@@ -90,6 +99,7 @@ SETTINGS: Final = {
         CONSISTENCY_EVERY,
         LIVE_EVERY,
         LIVE_S,
+        JUDGE_PCT,
         POLL_US,
         COUNTERS_MS,
     )
@@ -246,6 +256,13 @@ def live_window_s(explicit: float | None = None) -> float:
     lengthened to it, see :mod:`hvtrace.record.live`): ``explicit``, else ``$HVTRACE_LIVE_S``,
     else 5; 0: windows of exactly :func:`live_every` steps; bounded to 0..3600."""
     return _value(LIVE_S, explicit, float)
+
+
+def judge_share(explicit: float | None = None) -> float:
+    """The share of one CPU core (0..1) rank 0's live judge may use on average
+    (:meth:`hvtrace.record.live.LiveMonitor._judge_loop`): ``explicit`` (percent), else
+    ``$HVTRACE_JUDGE_PCT``, else 0.25 %; bounded to 0.01..100 %."""
+    return _value(JUDGE_PCT, explicit, float) / 100.0
 
 
 def poll_interval_ns(explicit: float | None = None) -> int:

@@ -301,7 +301,9 @@ SLOW_RANK1_JOB = ["--steps", "30", "--width", "256", "--layers", "3", "--batch-s
 #: The demo with nothing injected, as ``test_lockstep.py`` runs its faults (30 steps, live
 #: windows of 5 steps; ``--stop-step`` only says where a fault would be, and none is asked).
 CLEAN_LIVE_JOB = ["--steps", "30", "--width", "128", "--layers", "3", "--batch-size", "32"]
-LIVE_EVERY_5 = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
+#: Live windows of exactly 5 steps, each judged as it comes (no CPU budget for the judge: these
+#: jobs check which window names what).
+LIVE_EVERY_5 = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0", "HVTRACE_JUDGE_PCT": "100"}
 #: The job of ``test_compare_runs.py`` (60 steps of a 4-layer, 512-wide MLP, live detection off:
 #: every run of that module), here with rank 1 sleeping SLOW_SLEEP_MS in each forward: 50 ms, so
 #: that the step's change stands clear of a busy host's noise (at 25 ms, beside a busy process,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -267,6 +268,7 @@ def main() -> int:
         counts = counts.reshape(n_counts, len(COUNTS_FRAME_COLS))
         gathered = np.frombuffer(data, dtype=np.float64).reshape(rows, cols)
         hosts = {int(k): str(v) for k, v in meta.get("hosts", {}).items()}
+        c0 = time.process_time()
         try:
             size = int(meta["size"])
             res: dict[str, Any] = {"verdicts": verdicts(gathered, size, hosts, counts)}
@@ -275,6 +277,7 @@ def main() -> int:
             res["figures"] = []  # the verdicts stand; the figures are off from now on
         except Exception as exc:  # noqa: BLE001 - one bad window does not end live detection
             res = {"error": f"{type(exc).__name__}: {exc}"}
+        res["cpu_s"] = time.process_time() - c0  # this window's judging (the rank's budget)
         out.write(json.dumps(res) + "\n")
         out.flush()
 

@@ -64,6 +64,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from hvtrace import settings
 from hvtrace.format.lockstep_counts import COUNTS_FRAME_COLS, counts_agree
 from hvtrace.format.schema import (
     KIND_CODE,
@@ -316,6 +317,14 @@ def _release(mpi_ops: Any, handle: Any) -> bool:
     return True
 
 
+def _merge_windows(windows: list[np.ndarray], size: int) -> np.ndarray:
+    """Gathered windows of ``size`` ranks (each rank's rows in turn, as the allgather returns
+    them) as one: each rank's rows of every window, in order, then the next rank's."""
+    per = [w.reshape(size, -1, w.shape[1]) for w in windows]
+    both = np.concatenate(per, axis=1)
+    return both.reshape(-1, both.shape[2])
+
+
 class LiveMonitor:
     """Collects the tracer's per-step entries into windows and runs the exchange on its thread.
 
@@ -342,6 +351,14 @@ class LiveMonitor:
     #: The steps at which parameter checks were asked after a break (the same on every rank).
     checks_asked: tuple[int, ...] = ()
     _counts: list[np.ndarray] | None = None
+    #: Rank 0's judge within its CPU budget (see :meth:`_judge_loop`): the share of one core it
+    #: may use (1: no limit; set from :func:`hvtrace.settings.judge_share`), the CPU (s) its last
+    #: judgment took, judgments so far, when (monotonic s) the next may be, windows held for it.
+    judge_share: float = 1.0
+    judge_cpu_s: float = 0.0
+    judgments: int = 0
+    judge_next_s: float = 0.0
+    judge_held: int = 0
 
     def __init__(
         self,
@@ -391,6 +408,7 @@ class LiveMonitor:
         self._judge_q: queue.Queue | None = None
         self._judge_thread: threading.Thread | None = None
         self.judge_skipped = 0
+        self.judge_share = settings.judge_share()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         #: The live thread takes nothing more (closed, or failed on this rank).
         self._stopped = False
@@ -820,20 +838,56 @@ class LiveMonitor:
                     pass
 
     def _judge_loop(self, q: queue.Queue) -> None:
-        """The judge thread: each window's verdicts, in order, until told to stop (None); then
-        the judge process is closed. An error stops live detection, as on the live thread."""
+        """The judge thread: the windows' verdicts, in order, until told to stop (None); then
+        the judge process is closed. An error stops live detection, as on the live thread.
+
+        Within a CPU budget (``judge_share`` of one core, :func:`hvtrace.settings.judge_share`):
+        after a judgment that took ``c`` seconds of the judge's CPU, a window that ends sooner
+        than ``c / judge_share`` later is held, and judged with the windows after it once that
+        time has passed (their steps together: a judgment's cost is mostly fixed, so three
+        windows cost about 1.6 times one). The first judgment's cost is not counted (the judge
+        process's start: pandas' import and first calls). Held windows are at most
+        :data:`JUDGE_BACKLOG` (the oldest then drops, counted in ``judge_skipped``); those held
+        at the end are judged then."""
+        held: list[np.ndarray] = []
+        size = 0
         while True:
             item = q.get()
-            if item is None:
-                self._close_judge_proc()
-                return
+            if item is not None:
+                gathered, n = item
+                if held and n != size:  # the world changed size (elastic): judge apart
+                    self.judge_skipped += len(held)
+                    held.clear()
+                held.append(gathered)
+                size = n
+                if len(held) > JUDGE_BACKLOG:
+                    held.pop(0)
+                    self.judge_skipped += 1
+                if time.monotonic() < self.judge_next_s:
+                    self.judge_held += 1
+                    continue
             try:
-                self._judge(*item)
+                if held:
+                    both = held[0] if len(held) == 1 else _merge_windows(held, size)
+                    held.clear()
+                    self._judge(both, size)
+                    self._after_judgment(time.monotonic())
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
                 self._stopped = True  # on_step hands nothing more over
                 self._close_judge_proc()
                 return
+            if item is None:
+                self._close_judge_proc()
+                return
+
+    def _after_judgment(self, now_s: float) -> None:
+        """When the next judgment may be (``judge_next_s``, monotonic s): after the judge's CPU
+        for the last one (``judge_cpu_s``) at ``judge_share`` of a core; the first one's cost
+        (the judge's start) is not counted."""
+        self.judgments += 1
+        if self.judgments > 1 and self.judge_share < 1.0:
+            self.judge_next_s = now_s + self.judge_cpu_s / self.judge_share
 
     def _ask_judge(
         self, gathered: np.ndarray, size: int, counts: np.ndarray | None = None
@@ -864,6 +918,7 @@ class LiveMonitor:
         res = json.loads(reply)
         if "error" in res:
             raise RuntimeError(f"the live judge failed: {res.get('error')}")
+        self.judge_cpu_s = max(0.0, float(res.get("cpu_s", 0.0)))
         points = [(int(st), dict(v)) for st, v in res.get("figures") or []]
         for cb in list(_figure_listeners) if points else ():
             try:
@@ -914,11 +969,12 @@ class LiveMonitor:
         when not named in as many; a host likewise is logged short of CPU (``contended``) and
         then ``uncontended``."""
         gathered = self._decided_on(gathered, size)
-        found = (
-            self._ask_judge(gathered, size, self._take_counts())
-            if self.judge is None
-            else self.judge(gathered, size, self.hosts)
-        )
+        if self.judge is None:
+            found = self._ask_judge(gathered, size, self._take_counts())
+        else:  # in this process (tests): this thread's CPU
+            c0 = time.thread_time()
+            found = self.judge(gathered, size, self.hosts)
+            self.judge_cpu_s = time.thread_time() - c0
         now = {v["rank"]: v for v in found if v.get("kind", "rank") == "rank"}
         hosts_now = {v["host"]: v for v in found if v.get("kind") == "host"}
         steps = gathered[:, 0]

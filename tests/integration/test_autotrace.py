@@ -147,7 +147,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Job:
     launcher = [str(hr), "-np", "2", "-H", "localhost:2", "--gloo", *script]
     launcher += ["--slow-rank", "1", "--slow-ms", "40", "--metric"]
     hv_run = [sys.executable, "-m", "hvtrace.cli", "run", "--dir", str(trace)]
-    live = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0"}
+    live = {"HVTRACE_LIVE_EVERY": "5", "HVTRACE_LIVE_S": "0", "HVTRACE_JUDGE_PCT": "100"}
     proc = run_job([*hv_run, "--horovod-timeline", "--", *launcher], live, base, 300, True, "run")
     return Job(proc, trace)
 

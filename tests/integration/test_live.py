@@ -31,8 +31,10 @@ LINE = re.compile(
 
 
 def _scenario(name: str, *args: str, live_s: float = 0.0):
-    """``live_s``: HVTRACE_LIVE_S (0: windows of exactly EVERY steps)."""
+    """``live_s``: HVTRACE_LIVE_S (0: windows of exactly EVERY steps); each window judged as it
+    comes (HVTRACE_JUDGE_PCT=100: no CPU budget for the judge)."""
     env = {"HVTRACE_LIVE_EVERY": str(EVERY), "HVTRACE_LIVE_S": str(live_s)}
+    env["HVTRACE_JUDGE_PCT"] = "100"
     cb = ["--live-callback", "{base}/verdicts.jsonl"]
     return traced_scenario(f"live_{name}", *COMMON, *cb, *args, env=env)
 

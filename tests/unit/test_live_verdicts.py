@@ -4,6 +4,7 @@ offline straggler decision on the gathered windows, the log line, the callbacks,
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -347,6 +348,9 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
     assert "on_straggler callback failed: ZeroDivisionError" in text
     assert [e["event"] for e in got] == ["late", "recovered"]
     assert [e["event"] for e in rec.live_events] == ["late", "recovered"]
+    # what a judgment cost: the judge's CPU for that window (the process's own count, its start
+    # left out), the budget's measure
+    assert 0.0 < mon.judge_cpu_s < 5.0
     mon._stop_judge()
 
 
@@ -645,3 +649,69 @@ def test_a_break_waits_for_a_judge_that_starts_more_than_max_count_windows_late(
     assert len(first) == 2 * 5 * live.MAX_COUNT_WINDOWS and 13 in first[:, 0]
     (b,) = live_judge.verdicts(np.full((0, live.N_COLS), np.nan), 2, {}, first)
     assert (b["kind"], b["step"], b["ranks"]) == ("lockstep", 13, [1])
+
+
+def test_the_judge_keeps_to_its_cpu_share_judging_held_windows_together(monkeypatch) -> None:
+    """HVTRACE_JUDGE_PCT: after a judgment that took c s of the judge's CPU, windows that end
+    within c / share are held and judged together at the first window after that (each rank's
+    steps in order), or at the stop; the first judgment (the judge's start) is not counted."""
+    import threading
+
+    mon = _monitor(monkeypatch, 10, 0)
+    mon._judge_q, mon._judge_proc, mon.judge_skipped = None, None, 0
+    mon.judge_share = 0.01  # 1 % of a core: 50 ms of CPU holds the next judgment for 5 s
+    judged: list[tuple[list[int], list[float]]] = []
+    done = threading.Semaphore(0)
+
+    def judge(gathered, size):
+        per = gathered.reshape(size, -1, gathered.shape[1])
+        fwd = 1 + 3 * live.PHASES.index("forward")
+        judged.append(([int(x) for x in per[0, :, 0]], [float(x) for x in per[:, 0, fwd]]))
+        mon.judge_cpu_s = 0.05
+        done.release()
+
+    def gathered(first: int) -> np.ndarray:  # rank 1 is 5 ms slower in its forward
+        return np.vstack([_window(0.0, first, n=10), _window(5.0, first, n=10)])
+
+    monkeypatch.setattr(mon, "_judge", judge)
+    monkeypatch.setattr(mon, "_close_judge_proc", lambda: None)
+    mon._hand_to_judge(gathered(20), 2)  # the first: judged, its cost not counted
+    assert done.acquire(timeout=10)
+    mon._hand_to_judge(gathered(30), 2)  # judged: the next may be 5 s later
+    assert done.acquire(timeout=10)
+    for first in (40, 50):
+        mon._hand_to_judge(gathered(first), 2)
+    thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
+    live.LiveMonitor._stop_judge(mon)
+    thread.join(10)
+    assert not thread.is_alive() and done.acquire(timeout=1)
+    assert [steps for steps, _ in judged] == [
+        list(range(20, 30)),
+        list(range(30, 40)),
+        list(range(40, 60)),  # held, then judged together at the stop
+    ]
+    assert all(f == [10 * MS, 15 * MS] for _, f in judged)  # each rank's rows stay its own
+    assert mon.judge_held == 2 and mon.judge_skipped == 0 and mon.judgments == 3
+    assert mon.judge_next_s > time.monotonic() + 4  # 50 ms at 1 %: 5 s from the last
+
+    # once the time has passed, a window is judged as it comes, with the ones held before it
+    mon._judge_q, judged[:] = None, []
+    mon.judge_next_s = time.monotonic() + 0.3
+    mon._hand_to_judge(gathered(60), 2)  # held
+    time.sleep(0.4)
+    mon._hand_to_judge(gathered(70), 2)  # due: judged with 60-69
+    assert done.acquire(timeout=10)
+    assert [steps for steps, _ in judged] == [list(range(60, 80))]
+    live.LiveMonitor._stop_judge(mon)
+
+
+def test_the_judges_share_is_a_setting(monkeypatch) -> None:
+    """0.25 % of a core by default; HVTRACE_JUDGE_PCT in percent, bounded to 0.01..100."""
+    from hvtrace import settings
+
+    monkeypatch.delenv("HVTRACE_JUDGE_PCT", raising=False)
+    assert settings.judge_share() == pytest.approx(0.0025)
+    monkeypatch.setenv("HVTRACE_JUDGE_PCT", "100")
+    assert settings.judge_share() == 1.0
+    monkeypatch.setenv("HVTRACE_JUDGE_PCT", "0")
+    assert settings.judge_share() == pytest.approx(0.0025)  # out of bounds: the default
