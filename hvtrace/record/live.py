@@ -17,7 +17,9 @@ after a count of the process's collectives, so one issued from another thread wo
 unnamed collectives different names on different ranks) and waited for on the live thread (the
 training loop never waits on it). Rank 0 then runs the offline analysis's own straggler decision on
 that window, from a thread of its own ("hvtrace-judge", so that the live thread goes on reducing
-while it waits; a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the newest) in a
+while it waits; a judge that falls behind by :data:`JUDGE_BACKLOG` windows judges the newest;
+within a CPU budget, ``HVTRACE_JUDGE_PCT`` of one core, windows that come sooner wait and are
+judged together with the next: :meth:`LiveMonitor._judge_loop`) in a
 child process (:mod:`hvtrace.analysis.live`: its pandas work never holds the training process's GIL)
 (:func:`hvtrace.analysis.stragglers.straggler_table` on a step table built as
 :func:`hvtrace.analysis.steps.finish_steps` builds it): one definition, so the live verdict and
@@ -279,6 +281,11 @@ JUDGE_LAUNCH: Final = (
 
 #: Rank 0: gathered windows that may wait for the judge thread; a newer one pushes the oldest out.
 JUDGE_BACKLOG: Final = 4
+
+#: Rank 0: the most the windows held for the judge's next judgment may take (bytes; the oldest
+#: drops): at the default budget 2 ranks' windows of 5 s (0.7 MB each) are judged five or six at
+#: a time, and 64 ranks' (23 MB) two.
+JUDGE_HELD_BYTES: Final = 64 << 20
 
 #: What the live thread's queue gives when nothing new came within its wait (a gathered window
 #: is not done yet: it looks again).
@@ -847,8 +854,8 @@ class LiveMonitor:
         time has passed (their steps together: a judgment's cost is mostly fixed, so three
         windows cost about 1.6 times one). The first judgment's cost is not counted (the judge
         process's start: pandas' import and first calls). Held windows are at most
-        :data:`JUDGE_BACKLOG` (the oldest then drops, counted in ``judge_skipped``); those held
-        at the end are judged then."""
+        :data:`JUDGE_HELD_BYTES` (the oldest then drops, counted in ``judge_skipped``); those
+        held at the end are judged then."""
         held: list[np.ndarray] = []
         size = 0
         while True:
@@ -860,7 +867,7 @@ class LiveMonitor:
                     held.clear()
                 held.append(gathered)
                 size = n
-                if len(held) > JUDGE_BACKLOG:
+                while len(held) > 1 and sum(h.nbytes for h in held) > JUDGE_HELD_BYTES:
                     held.pop(0)
                     self.judge_skipped += 1
                 if time.monotonic() < self.judge_next_s:

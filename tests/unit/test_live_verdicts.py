@@ -702,7 +702,17 @@ def test_the_judge_keeps_to_its_cpu_share_judging_held_windows_together(monkeypa
     mon._hand_to_judge(gathered(70), 2)  # due: judged with 60-69
     assert done.acquire(timeout=10)
     assert [steps for steps, _ in judged] == [list(range(60, 80))]
+
+    # what is held is bounded in bytes: past JUDGE_HELD_BYTES the oldest drops, counted
+    monkeypatch.setattr(live, "JUDGE_HELD_BYTES", 2 * gathered(0).nbytes)
+    judged[:] = []
+    mon.judge_next_s = time.monotonic() + 60
+    for first in (80, 90, 100):
+        mon._hand_to_judge(gathered(first), 2)
+    thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
     live.LiveMonitor._stop_judge(mon)
+    thread.join(10)
+    assert [steps for steps, _ in judged] == [list(range(90, 110))] and mon.judge_skipped == 1
 
 
 def test_the_judges_share_is_a_setting(monkeypatch) -> None:
