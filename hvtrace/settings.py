@@ -70,7 +70,7 @@ JUDGE_PCT: Final = Setting(
     100.0,
     "percent of one CPU core rank 0's live judge may use on average: windows that end sooner "
     "after a judgment than its CPU time allows wait and are judged with the next (100: each "
-    "window as it comes)",
+    "window as it comes); rank 0's value",
 )
 POLL_US: Final = Setting(
     "HVTRACE_POLL_US",

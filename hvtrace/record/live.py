@@ -860,25 +860,20 @@ class LiveMonitor:
         size = 0
         while True:
             item = q.get()
-            if item is not None:
-                gathered, n = item
-                if held and n != size:  # the world changed size (elastic): judge apart
-                    self.judge_skipped += len(held)
-                    held.clear()
-                held.append(gathered)
-                size = n
-                while len(held) > 1 and sum(h.nbytes for h in held) > JUDGE_HELD_BYTES:
-                    held.pop(0)
-                    self.judge_skipped += 1
-                if time.monotonic() < self.judge_next_s:
-                    self.judge_held += 1
-                    continue
             try:
-                if held:
-                    both = held[0] if len(held) == 1 else _merge_windows(held, size)
-                    held.clear()
-                    self._judge(both, size)
-                    self._after_judgment(time.monotonic())
+                if item is not None:
+                    gathered, n = item
+                    if held and n != size:  # the world changed size (elastic): those apart
+                        self._judge_held(held, size)
+                    held.append(gathered)
+                    size = n
+                    while len(held) > 1 and sum(h.nbytes for h in held) > JUDGE_HELD_BYTES:
+                        held.pop(0)
+                        self.judge_skipped += 1
+                    if time.monotonic() < self.judge_next_s:
+                        self.judge_held += 1
+                        continue
+                self._judge_held(held, size)
             except Exception as exc:  # noqa: BLE001 - never into training
                 log.warning("hvtrace: live detection stopped: %s: %s", type(exc).__name__, exc)
                 self._stopped = True  # on_step hands nothing more over
@@ -887,6 +882,15 @@ class LiveMonitor:
             if item is None:
                 self._close_judge_proc()
                 return
+
+    def _judge_held(self, held: list[np.ndarray], size: int) -> None:
+        """Judge the windows ``held`` (of ``size`` ranks) as one, if any, and empty it."""
+        if not held:
+            return
+        both = held[0] if len(held) == 1 else _merge_windows(held, size)
+        held.clear()
+        self._judge(both, size)
+        self._after_judgment(time.monotonic())
 
     def _after_judgment(self, now_s: float) -> None:
         """When the next judgment may be (``judge_next_s``, monotonic s): after the judge's CPU

@@ -712,7 +712,20 @@ def test_the_judge_keeps_to_its_cpu_share_judging_held_windows_together(monkeypa
     thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
     live.LiveMonitor._stop_judge(mon)
     thread.join(10)
-    assert [steps for steps, _ in judged] == [list(range(90, 110))] and mon.judge_skipped == 1
+    assert done.acquire(timeout=1) and mon.judge_skipped == 1
+    assert [steps for steps, _ in judged] == [list(range(90, 110))]
+
+    # the world changes size (elastic): what was held is judged at once, apart from the new
+    mon._judge_q, judged[:] = None, []
+    mon.judge_next_s = time.monotonic() + 60
+    mon._hand_to_judge(gathered(110), 2)
+    mon._hand_to_judge(_window(0.0, 120, n=10), 1)
+    assert done.acquire(timeout=10) and [steps for steps, _ in judged] == [list(range(110, 120))]
+    thread = [t for t in threading.enumerate() if t.name == "hvtrace-judge"][-1]
+    live.LiveMonitor._stop_judge(mon)
+    thread.join(10)
+    assert [steps for steps, _ in judged] == [list(range(110, 120)), list(range(120, 130))]
+    assert mon.judge_skipped == 1
 
 
 def test_the_judges_share_is_a_setting(monkeypatch) -> None:
