@@ -115,7 +115,7 @@ pc = time.perf_counter
 stop = torch.zeros(1)
 steps_ms = []  # (seconds since the loop began, the step's ms)
 start = pc()
-end = start + seconds
+end = None  # when rank 0 stops: `seconds - warmup_s` after its measure began
 bg = None  # hvtrace's background CPU from the first step after the warm-up: (ns..., when)
 # rank 0's live judge (a process at nice 19) starts slowly where the ranks fill the cores
 # (pandas' import, about a second of CPU, at nice 19's share of a busy core: a minute or more);
@@ -138,8 +138,7 @@ while True:
     t1 = pc()
     steps_ms.append((t1 - start, 1e3 * (t1 - t0)))
     if len(steps_ms) % 50 == 0:
-        # (rank 0 stops `seconds - warmup_s` after its measure began, not before)
-        stop[0] = 1.0 if (hvd.rank() == 0 and bg is not None and pc() > end) else 0.0
+        stop[0] = 1.0 if (hvd.rank() == 0 and end is not None and pc() > end) else 0.0
         if float(hvd.allreduce(stop, op=hvd.Sum, name="wallclock.stop")) > 0:
             break
 bg1 = (*background_ns(), pc(), len(steps_ms))

@@ -27,6 +27,7 @@ from hvtrace.analysis.links import link_words
 from hvtrace.analysis.lockstep import describe as describe_lockstep
 from hvtrace.analysis.model import Analysis, Finding
 from hvtrace.analysis.outside import split_name
+from hvtrace.analysis.scaling import CYCLE_TIME_DEFAULT_MS, fusion_settings
 from hvtrace.analysis.stragglers import (
     COORDINATOR_NOTE,
     StragglerConfig,
@@ -495,10 +496,7 @@ def contention_advice(a: Analysis, host: str) -> str:
         )
         do = f"keep other jobs off those CPUs and {do}"
         cycle = _knob(a.horovod_env, "HOROVOD_CYCLE_TIME")
-        try:
-            short = float(a.horovod_env.get("HOROVOD_CYCLE_TIME") or "nan") < 1.0
-        except ValueError:
-            short = False
+        short = fusion_settings(a.horovod_env)[1] < CYCLE_TIME_DEFAULT_MS
         return (
             f"each of its ranks is pinned to as many CPUs as it runs torch threads ({each}), so "
             "whatever else runs on those CPUs takes its time from them: the rank's other threads "

@@ -324,12 +324,16 @@ def _release(mpi_ops: Any, handle: Any) -> bool:
     return True
 
 
-def _merge_windows(windows: list[np.ndarray], size: int) -> np.ndarray:
-    """Gathered windows of ``size`` ranks (each rank's rows in turn, as the allgather returns
-    them) as one: each rank's rows of every window, in order, then the next rank's."""
-    per = [w.reshape(size, -1, w.shape[1]) for w in windows]
-    both = np.concatenate(per, axis=1)
+def _join_ranks_rows(per_rank: list[np.ndarray]) -> np.ndarray:
+    """Windows as ``(ranks, steps, cols)`` arrays, joined into one gathered matrix: each rank's
+    rows of every window, in order, then the next rank's (as the allgather returns one)."""
+    both = np.concatenate(per_rank, axis=1)
     return both.reshape(-1, both.shape[2])
+
+
+def _merge_windows(windows: list[np.ndarray], size: int) -> np.ndarray:
+    """Gathered windows of ``size`` ranks (each rank's rows in turn) as one."""
+    return _join_ranks_rows([w.reshape(size, -1, w.shape[1]) for w in windows])
 
 
 class LiveMonitor:
@@ -826,8 +830,7 @@ class LiveMonitor:
             counts, self._counts = self._counts or [], []
         if not counts:
             return None
-        both = np.concatenate(counts, axis=1)
-        return both.reshape(-1, both.shape[2])
+        return _join_ranks_rows(counts)
 
     def _skipped_put(self, q: queue.Queue, item: Any) -> None:
         """Put ``item``; where :data:`JUDGE_BACKLOG` windows already wait, the oldest is dropped
@@ -970,8 +973,7 @@ class LiveMonitor:
             recent.popleft()
         if len(recent) == 1:
             return gathered
-        both = np.concatenate([p for p, _ in recent], axis=1)
-        return both.reshape(-1, gathered.shape[1])
+        return _join_ranks_rows([p for p, _ in recent])
 
     def _judge(self, gathered: np.ndarray, size: int) -> None:
         """One window's verdicts into events, with hysteresis: a rank is logged late once named
