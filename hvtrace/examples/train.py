@@ -190,6 +190,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how the delay is spent: asleep (blocked) or computing (more work)",
     )
     p.add_argument(
+        "--input-wait-ms",
+        type=float,
+        default=0.0,
+        help="every rank waits this long (asleep) for each batch, as on a data loader: the "
+        "CPU is idle for a share of each step",
+    )
+    p.add_argument(
         "--pin-cores",
         action="store_true",
         help="pin each rank (and the threads it starts) to core local_rank modulo the cores",
@@ -564,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
                 with hvtrace.span("data"):
                     x = torch.randn(args.batch_size, 256, generator=gen)
                     y = (x @ w_true).argmax(dim=1)
+                    if args.input_wait_ms > 0:
+                        time.sleep(args.input_wait_ms / 1e3)
                     if slow and args.slow_phase == "input":
                         delay(args.slow_ms / 1e3, args.slow_kind)
                 loss = loss_fn(model(x), y) / args.bpps
