@@ -23,7 +23,12 @@ several identical models, one per arm, their steps taking turns in a new random 
   (``HVTRACE_POLL_US=1000000``);
 - ``D``: ``T``'s model and optimizer with recording switched off on its turns (the hooks
   installed, returning at once: what they cost as mechanisms);
-- ``H``: Horovod's, with no-op Python forward hooks on the model (PyTorch's hooked call path).
+- ``H``: Horovod's, with no-op Python forward hooks on the model (PyTorch's hooked call path);
+- ``Y``: ``T`` with three no-op Python calls more a step (a pre-hook with keyword arguments on the
+  model, a Python method around ``step``, one around the recorder's ``extend``): what a Python
+  frame at a step's boundaries costs;
+- ``M``: hvtrace's without ``model=`` (no forward hooks: the step's compute is one span, not
+  input, forward and backward).
 
 Each step is timed at ``zero_grad``, forward with the loss, backward and ``step()``; within the
 step, Horovod's ``synchronize`` (the wait for the allreduces) and the parts around it (``pre``:
@@ -66,7 +71,7 @@ torch.set_num_threads(1)
 
 import hvtrace
 
-TRACED = set("TCKNO")
+TRACED = set("TCKNOMY")
 models, opts = {}, {}
 for a in arms:  # the arms made in the order given
     if a == "D":
@@ -77,7 +82,8 @@ for a in arms:  # the arms made in the order given
     if a in TRACED:
         if a == "O":
             os.environ["HVTRACE_POLL_US"] = "1000000"
-        o = hvtrace.DistributedOptimizer(sgd, named_parameters=named, model=m,
+        o = hvtrace.DistributedOptimizer(sgd, named_parameters=named,
+                                         model=None if a == "M" else m,
                                          trace_dir=os.path.join(out, "trace" + a))
         os.environ.pop("HVTRACE_POLL_US", None)
         if a == "C":
@@ -86,6 +92,13 @@ for a in arms:  # the arms made in the order given
             o._hvtrace._sample_counters(20_000_000)  # the default until 29 Nov 2026
         elif a == "N":
             o._hvtrace.read = type(None)  # a compiled call that returns None: no reading
+        elif a == "Y":
+            import types
+            m.register_forward_pre_hook(lambda mod, args, kwargs: None, with_kwargs=True)
+            _step = o.step
+            o.step = types.MethodType(lambda self, *x, **k: _step(*x, **k), o)
+            _ext = o._hvtrace.rec.extend
+            o._hvtrace.rec.extend = lambda entries: _ext(entries)
     else:
         o = hvd.DistributedOptimizer(sgd, named_parameters=named)
         if a == "H":
@@ -258,7 +271,7 @@ def print_rank(r: int, s: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--arms", default="P,Q,T,C,K,N", help="of P, Q, T, C, K, N, O, D, H (see above)"
+        "--arms", default="P,Q,T,C,K,N", help="of P, Q, T, C, K, N, O, D, H, M, Y (see above)"
     )
     ap.add_argument("--seconds", type=float, default=25.0, help="measured after --warmup-s")
     ap.add_argument("--warmup-s", type=float, default=8.0)
@@ -268,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
-    bad = [a for a in arms if a not in "PQTCKNODH" or len(a) != 1]
+    bad = [a for a in arms if a not in "PQTCKNODHMY" or len(a) != 1]
     if bad or len(set(arms)) != len(arms) or ("D" in arms and "T" not in arms):
-        ap.error(f"--arms: letters of PQTCKNODH, each once (D needs T): {args.arms}")
+        ap.error(f"--arms: letters of PQTCKNODHMY, each once (D needs T): {args.arms}")
     width, layers, batch = wallclock.SIZES[args.size]
     env = wallclock._env(args.cycle_ms, {**(wallclock.MODES["floor"] or {}),
                                          "INRUN_GC_OFF": "1" if args.gc_off else "0"})  # fmt: skip

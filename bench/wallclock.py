@@ -278,9 +278,12 @@ def background_ns():
 WORKER = WORKER_TEMPLATE.replace("%(background)s", BACKGROUND)
 INRUN_WORKER = INRUN_WORKER_TEMPLATE.replace("%(background)s", BACKGROUND).replace("%(net)s", NET)
 
-#: Model presets, named by the step they give untraced (two ranks, each pinned to a core of
-#: this machine, ``HOROVOD_CYCLE_TIME=0.1``): (width, hidden layers, batch).
+#: Model presets, named by the step they gave untraced on 27 Nov 2026 (two ranks, each pinned to
+#: a core of this machine, ``HOROVOD_CYCLE_TIME=0.1``): (width, hidden layers, batch). The
+#: machine's speed has moved 2-3x since (the "3ms" preset ran 7-10 ms steps on 28-29 Nov):
+#: "2ms" is the 3 ms class on such a day (3-4 ms steps on 29 Nov).
 SIZES: dict[str, tuple[int, int, int]] = {
+    "2ms": (128, 3, 32),
     "3ms": (256, 3, 64),
     "15ms": (512, 4, 112),
     "50ms": (1024, 3, 128),
@@ -290,7 +293,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
 GROUP_S = 1.0
 
 #: The untraced step each preset is named for (ms): sets the in-run groups' length in steps.
-NOMINAL_MS: dict[str, float] = {"3ms": 3.5, "15ms": 20.0, "50ms": 60.0}
+NOMINAL_MS: dict[str, float] = {"2ms": 2.0, "3ms": 3.5, "15ms": 20.0, "50ms": 60.0}
 
 #: Each mode's environment on top of the caller's (None: untraced).
 MODES: dict[str, dict[str, str] | None] = {
@@ -533,7 +536,7 @@ def print_inrun(results: dict[tuple[str, str], dict[str, Any]], block_steps: int
         )
     print()
     for (size, mode), r in results.items():
-        goal = 3.0 if size == "3ms" else 1.0
+        goal = 3.0 if NOMINAL_MS[size] < 10 else 1.0
         hi = r["mean"]["ci_pct"][1]
         bound = hi + r["background"]["share_pct"]
         verdict = (
@@ -608,7 +611,7 @@ def print_table(summary: dict[str, Any]) -> None:
             for m in per
             if m not in ("untraced", "defaults")
         ]
-        goal = 3.0 if size == "3ms" else 1.0
+        goal = 3.0 if NOMINAL_MS[size] < 10 else 1.0
         lo, hi = per["defaults"]["ci_pct"]
         verdict = (
             "met" if hi <= goal
