@@ -32,13 +32,13 @@ import secrets
 import selectors
 import socket
 import struct
-import threading
 import time
 from typing import Any
 
 import numpy as np
 
 from hvtrace.clock import ClockEstimate, estimate_from_round_trips, estimate_offsets
+from hvtrace.record.threads import NamedThread
 from hvtrace.record.timers import monotonic_ns
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class _Server:
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._stop_r, self._stop_w = os.pipe()
-        self._thread = threading.Thread(target=self._serve, name="hvtrace-clock", daemon=True)
+        self._thread = NamedThread(target=self._serve, name="hvtrace-clock", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:

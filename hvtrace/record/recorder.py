@@ -30,6 +30,7 @@ from hvtrace.record.cpustat import ThreadCounters
 from hvtrace.record.netstat import ConnectionSampler
 from hvtrace.record.rows import span_count
 from hvtrace.record.stall import StallWatch
+from hvtrace.record.threads import NamedThread
 from hvtrace.record.timers import HostTimer, monotonic_ns
 from hvtrace.record.writer import BackgroundWriter
 
@@ -532,7 +533,7 @@ class _TermWatch:
             return None
         watch = cls(rec, r)
         cls.active = watch
-        threading.Thread(target=watch._run, name="hvtrace-sigterm", daemon=True).start()
+        NamedThread(target=watch._run, name="hvtrace-sigterm", daemon=True).start()
         return watch
 
     def _run(self) -> None:

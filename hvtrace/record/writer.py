@@ -40,6 +40,7 @@ from hvtrace.format.schema import (
 from hvtrace.record import rows as rows_mod
 from hvtrace.record.cpustat import deltas_columns
 from hvtrace.record.native import hot_module
+from hvtrace.record.threads import NamedThread
 
 try:
     import fcntl
@@ -545,7 +546,7 @@ class BackgroundWriter:
         #: What the compaction at close did (None until then, or when it failed).
         self.compacted: CompactResult | None = None
         self.file: TraceFile | None = TraceFile(path, header)
-        self._thread = threading.Thread(target=self._run, name="hvtrace-writer", daemon=True)
+        self._thread = NamedThread(target=self._run, name="hvtrace-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -620,7 +621,7 @@ class BackgroundWriter:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         path = self.file.path if self.file is not None else None
-        helper = threading.Thread(target=self._finish, name="hvtrace-close", daemon=True)
+        helper = NamedThread(target=self._finish, name="hvtrace-close", daemon=True)
         try:
             helper.start()
         except RuntimeError:  # no new threads (interpreter shutdown, newer Pythons): inline

@@ -4,7 +4,9 @@ offline straggler decision on the gathered windows, the log line, the callbacks,
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -203,7 +205,7 @@ def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatc
     mon = _monitor(monkeypatch, every, 0)
     mon.window_s = 1.0
     long = live.window_steps(3e6, every, 1.0)
-    assert long == 334 and live.chunk_steps(3e6) == 17
+    assert long == 334 and live.chunk_steps(3e6) == 84
     n = every + 2 * long + 5
     for s in range(n):
         mon.on_step(_step_rows(s, 10_000 * MS + s * 3 * MS, 1.0))
@@ -217,13 +219,13 @@ def test_windows_of_short_steps_last_the_window_seconds_on_every_rank(monkeypatc
             steps = 0
         elif type(x) is list:
             steps += len(x)
-            assert len(x) <= max(live.CHUNK_STEPS, 17)
+            assert len(x) <= max(live.CHUNK_STEPS, 84)
     assert windows == [every, long, long]  # the first at HVTRACE_LIVE_EVERY, then 1 s of steps
     assert names == ["hvtrace.live.0.len.1", "hvtrace.live.0.len.2"]  # after windows 1, 2 (4...)
     # windows 0 and 1 gathered at the ends of windows 1 and 2 (no live thread here: NaN rows)
     assert [n for _, _, n in hvd.issued] == ["hvtrace.live.0.0", "hvtrace.live.0.1"]
     assert [len(hvd.gathered[f"hvtrace.live.0.{k}"]) for k in (0, 1)] == [every, long]
-    assert max(len(x) for x in queued if type(x) is list) == 17  # ~50 ms a hand-over
+    assert max(len(x) for x in queued if type(x) is list) == 84  # ~250 ms a hand-over
 
 
 def test_a_failed_length_agreement_stops_live_detection_not_training(monkeypatch) -> None:
@@ -351,6 +353,9 @@ def test_verdicts_are_logged_written_and_passed_to_callbacks(
     # what a judgment cost: the judge's CPU for that window (the process's own count, its start
     # left out), the budget's measure
     assert 0.0 < mon.judge_cpu_s < 5.0
+    if use_process and sys.platform.startswith("linux"):  # `top` shows it as hvtrace's
+        comm = Path(f"/proc/{mon._judge_proc.pid}/comm").read_text().strip()
+        assert comm == "hvtrace-judge"
     mon._stop_judge()
 
 
