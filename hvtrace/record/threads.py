@@ -12,7 +12,6 @@ fails, nothing happens.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 import threading
 from typing import Any, Final
@@ -27,13 +26,15 @@ _looked = False
 
 
 def _libc_prctl() -> Any:
-    """libc's ``prctl`` (None off Linux, or where it cannot be found), looked up once."""
+    """libc's ``prctl`` (None off Linux, or where it cannot be found), looked up once, among
+    the symbols the process already has (``dlopen(NULL)``): no search for the library, which
+    would start ``ldconfig`` in a subprocess from a training process."""
     global _prctl, _looked
     if not _looked:
         _looked = True
         if sys.platform.startswith("linux"):
             try:
-                _prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+                _prctl = ctypes.CDLL(None, use_errno=True).prctl
             except (OSError, AttributeError):
                 _prctl = None
     return _prctl
