@@ -12,6 +12,7 @@ fails, nothing happens.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 from typing import Any, Final
@@ -21,23 +22,18 @@ PR_SET_NAME: Final = 15
 #: The kernel keeps a thread's name in 16 bytes, the last a NUL.
 OS_NAME_BYTES: Final = 15
 
-_prctl: Any = None
-_looked = False
 
-
+@functools.cache
 def _libc_prctl() -> Any:
     """libc's ``prctl`` (None off Linux, or where it cannot be found), looked up once, among
     the symbols the process already has (``dlopen(NULL)``): no search for the library, which
     would start ``ldconfig`` in a subprocess from a training process."""
-    global _prctl, _looked
-    if not _looked:
-        _looked = True
-        if sys.platform.startswith("linux"):
-            try:
-                _prctl = ctypes.CDLL(None, use_errno=True).prctl
-            except (OSError, AttributeError):
-                _prctl = None
-    return _prctl
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def set_os_thread_name(name: str) -> bool:

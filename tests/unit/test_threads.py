@@ -51,8 +51,7 @@ def test_a_long_or_non_ascii_name_is_cut_to_the_kernels_fifteen_bytes() -> None:
 
 
 def test_without_prctl_naming_does_nothing_and_the_thread_still_runs(monkeypatch) -> None:
-    monkeypatch.setattr(threads, "_prctl", None)
-    monkeypatch.setattr(threads, "_looked", True)
+    monkeypatch.setattr(threads, "_libc_prctl", lambda: None)
     assert set_os_thread_name("hvtrace-x") is False
     ran = []
     t = NamedThread(target=lambda: ran.append(1), name="hvtrace-x", daemon=True)
@@ -65,8 +64,7 @@ def test_a_failing_prctl_is_not_an_error(monkeypatch) -> None:
     def boom(*args):
         raise OSError("no")
 
-    monkeypatch.setattr(threads, "_prctl", boom)
-    monkeypatch.setattr(threads, "_looked", True)
+    monkeypatch.setattr(threads, "_libc_prctl", lambda: boom)
     assert set_os_thread_name("hvtrace-x") is False
 
 
