@@ -57,6 +57,9 @@ _K_ALLREDUCE, UNREAD = rows_mod._K_ALLREDUCE, rows_mod.UNREAD
 #: ``cpu_ns``, ``runq_ns`` and whether each was measured.
 _ROW_DTYPES = (np.int32, np.int16, np.int8, np.int32, np.int64, np.int64, np.int64, np.int8,
                np.float64, np.uint8, np.int64, np.int64, np.bool_, np.bool_)  # fmt: skip
+#: The tensor columns of no synchronize (:meth:`BatchEncoder._tensor_columns`' form).
+_NO_TENSORS = (np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64),
+               np.empty(0, np.int8))  # fmt: skip
 
 
 def _fixed(values: Any, np_dtype: Any, pa_type: pa.DataType) -> pa.Array:
@@ -149,8 +152,57 @@ class BatchEncoder:
         and unexpanded :class:`~hvtrace.record.rows.Allreduces` (their tokens resolved), whose rows
         are the ones :func:`~hvtrace.record.rows.expand` makes, in the same places, built as
         columns (no tuple per tensor: a 152-tensor model's step costs the writer about 3x less,
-        bench/writer_cost.py)."""
+        bench/writer_cost.py). In one pass of C where the compiled hot path is built and on and
+        every synchronize's tensors are the last one's (:meth:`_compiled_columns`), else in
+        Python: the same columns and names."""
         n_names = len(self._names)
+        parts = self._compiled_columns(entries)
+        if parts is None:
+            parts = self._python_columns(entries)
+        if len(self._names) != n_names:
+            self._name_dict = _strings(self._names)
+        step, micro, kind, name, start, end, nbytes, dtype, value, flags = parts[:BASE_LEN]
+        arrays = [
+            _fixed(step, np.int32, pa.int32()),
+            _fixed(micro, np.int16, pa.int16()),
+            pa.DictionaryArray.from_arrays(_fixed(kind, np.int8, pa.int8()), _KIND_DICT),
+            pa.DictionaryArray.from_arrays(_fixed(name, np.int32, pa.int32()), self._name_dict),
+            _fixed(start, np.int64, pa.int64()),
+            _fixed(end, np.int64, pa.int64()),
+            _fixed(nbytes, np.int64, pa.int64()),
+            pa.DictionaryArray.from_arrays(_fixed(dtype, np.int8, pa.int8()), _DTYPE_DICT),
+            _fixed(value, np.float64, pa.float64()),
+            _fixed(flags, np.uint8, pa.uint8()),
+            _nullable_int64(parts[BASE_LEN], parts[BASE_LEN + 2]),  # cpu_ns
+            _nullable_int64(parts[BASE_LEN + 1], parts[BASE_LEN + 3]),  # runq_ns
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=FILE_SCHEMA)
+
+    def _compiled_columns(self, entries: list) -> list[np.ndarray] | None:
+        """The batch's fourteen columns (as :meth:`_python_columns`) in one pass of C
+        (``hvtrace.record._hot.entries_into``); None where that is not built or off, where a
+        synchronize's tensors are not those whose columns this holds (the Python form then makes
+        the batch and holds the new ones), or where an entry is not one it reads."""
+        hot = hot_module()
+        size = getattr(hot, "entries_len", None)
+        if size is None or type(entries) is not list:
+            return None
+        counts, names, nbytes, dtypes = self._ar_cols or _NO_TENSORS
+        n = size(entries, self._ar_meta, len(names))
+        if n < 0:
+            return None
+        cols = [np.empty(n, t) for t in _ROW_DTYPES]
+        if not hot.entries_into(
+            entries, self._name_ids, self._names, counts, names, nbytes, dtypes, _K_ALLREDUCE,
+            *cols,
+        ):  # fmt: skip
+            return None
+        return cols
+
+    def _python_columns(self, entries: list) -> list[np.ndarray]:
+        """The batch's fourteen columns (the ten fields, ``cpu_ns``, ``runq_ns`` and whether each
+        was measured) in Python, with the compiled parts :meth:`_row_columns` and
+        :func:`_call_times` choose."""
         rows: list[tuple] = []
         row_pos: list[int] = []  # where each row goes among the batch's rows
         syncs: list[rows_mod.Allreduces] = []
@@ -180,24 +232,7 @@ class BatchEncoder:
                 sizes,
                 n,
             )
-        if len(self._names) != n_names:
-            self._name_dict = _strings(self._names)
-        step, micro, kind, name, start, end, nbytes, dtype, value, flags = parts[:BASE_LEN]
-        arrays = [
-            _fixed(step, np.int32, pa.int32()),
-            _fixed(micro, np.int16, pa.int16()),
-            pa.DictionaryArray.from_arrays(_fixed(kind, np.int8, pa.int8()), _KIND_DICT),
-            pa.DictionaryArray.from_arrays(_fixed(name, np.int32, pa.int32()), self._name_dict),
-            _fixed(start, np.int64, pa.int64()),
-            _fixed(end, np.int64, pa.int64()),
-            _fixed(nbytes, np.int64, pa.int64()),
-            pa.DictionaryArray.from_arrays(_fixed(dtype, np.int8, pa.int8()), _DTYPE_DICT),
-            _fixed(value, np.float64, pa.float64()),
-            _fixed(flags, np.uint8, pa.uint8()),
-            _nullable_int64(parts[BASE_LEN], parts[BASE_LEN + 2]),  # cpu_ns
-            _nullable_int64(parts[BASE_LEN + 1], parts[BASE_LEN + 3]),  # runq_ns
-        ]
-        return pa.RecordBatch.from_arrays(arrays, schema=FILE_SCHEMA)
+        return parts
 
     def _row_columns(self, rows: list[tuple]) -> list[np.ndarray]:
         """The columns of rows (tuples): the ten of a row's fields, then ``cpu_ns``,
@@ -208,10 +243,7 @@ class BatchEncoder:
         into = getattr(hot_module(), "rows_into", None)
         if into is not None and type(rows) is list:
             n = len(rows)
-            # the counters' four columns are set only where measured: zeroed
-            cols = [
-                (np.empty if i < BASE_LEN else np.zeros)(n, t) for i, t in enumerate(_ROW_DTYPES)
-            ]
+            cols = [np.empty(n, t) for t in _ROW_DTYPES]  # every cell written, counters too
             if into(rows, self._name_ids, self._names, *cols):
                 return cols
         return self._row_columns_py(rows)

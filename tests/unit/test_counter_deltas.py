@@ -1,13 +1,17 @@
-"""The counters' deltas of a batch of readings (hvtrace.record.cpustat.deltas_columns) and the
-writer's columns of a batch of rows (hvtrace.record.writer.BatchEncoder._row_columns): the
-compiled forms (``_hot.deltas_into``, ``_hot.rows_into``) and their Python twins give the same
-columns, or the same error, for what the recorder makes and for anything else."""
+"""The counters' deltas of a batch of readings (hvtrace.record.cpustat.deltas_columns), the
+writer's columns of a batch of rows (hvtrace.record.writer.BatchEncoder._row_columns) and of a
+whole batch (BatchEncoder.encode's one pass) and the live thread's window matrix: the compiled
+forms (``_hot.deltas_into``, ``_hot.rows_into``, ``_hot.syncs_into``, ``_hot.entries_into``,
+``_hot.window_into``) and their Python twins give the same columns, or the same error, for what
+the recorder makes and for anything else."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import random
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,9 @@ from hvtrace.record import cpustat, writer
 from hvtrace.record.native import hot_module
 from hvtrace.record.rows import Allreduces
 from hvtrace.record.writer import BatchEncoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import writer_cost  # (its column-by-column comparison of two batches)
 
 JUNK = [b"1 2", b"1 x 3\n", b" 4  5\t6 ", b"-1 2 3", "7 8 9", b"", b"1 99999999999999999999 3",
         2**70, -(2**63), 3.5, True, (1,), (1, b"1 2 3", 0), [1, b"1 2 3"]]  # fmt: skip
@@ -258,3 +265,104 @@ def test_the_compiled_window_matrix_is_the_python_forms(monkeypatch, junk: bool)
                                     live._COUNT):  # fmt: skip
             compiled += 1
     assert compiled == 300 if not junk else compiled > 30
+
+
+def _model(rng: random.Random) -> tuple[dict, list]:
+    """A model's synchronize as the tracer keeps it: per enqueued call, its key and its tensors'
+    ``(names, bytes, dtype codes)`` in ``meta`` (grouped calls hold several tensors)."""
+    keys = [("key", k) for k in range(rng.randrange(0, 6))]
+    meta = {}
+    for i, key in enumerate(keys):
+        t = rng.randrange(1, 4)
+        meta[key] = ([f"layer{i}.{j}" for j in range(t)], [4096 * (j + 1) for j in range(t)],
+                     [rng.randrange(3)] * t)  # fmt: skip
+    return meta, keys
+
+
+def _sync(rng: random.Random, s: int, model: tuple[dict, list], junk: bool) -> Allreduces:
+    """One synchronize of ``model`` at step ``s``: its calls' handles alone or with a context,
+    completions observed for some (a handle seen twice: its first); (``junk``) anything else."""
+    meta, keys = model
+    t, calls, done = 10**15 + s * 10**7, [], []
+    for k, key in enumerate(keys):
+        h = s * 100 + k
+        calls.append((t + k, key, (h, None) if rng.random() < 0.5 else h))
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            done.append((h, t + 1000 + rng.randrange(10**6)))
+    rng.shuffle(done)
+    e = Allreduces(s, rng.randrange(2), rng.choice([0, 2]), calls, done, t + 9 * 10**6, meta)
+    if junk and rng.random() < 0.15:
+        bad = rng.choice(["token", "end", "handle", "call", "step", "key"])
+        if bad == "token" and calls:
+            calls[0] = (1.5, *calls[0][1:])
+        elif bad == "end":
+            e = e._replace(end=None)
+        elif bad == "handle":
+            done.append(([1], 5))
+        elif bad == "step":
+            e = e._replace(step=2**40)
+        elif bad == "key" and calls:
+            calls[0] = (calls[0][0], ("not", "there"), calls[0][2])
+        elif calls:
+            calls[-1] = calls[-1][:2]
+    return e
+
+
+def _encoders() -> tuple[BatchEncoder, BatchEncoder, list[int]]:
+    """A writer's encoder in Python and one that may take the compiled one pass, and the count
+    of batches that the one pass made."""
+    py, c, made = BatchEncoder(), BatchEncoder(), [0]
+    py._compiled_columns = lambda entries: None
+    one_pass = c._compiled_columns
+
+    def counted(entries: list) -> list | None:
+        out = one_pass(entries)
+        made[0] += out is not None
+        return out
+
+    c._compiled_columns = counted
+    return py, c, made
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["batches", "junk"])
+def test_the_one_pass_batch_columns_are_the_python_forms(monkeypatch, junk: bool) -> None:
+    """A writer's batches one after another (a model's synchronizes among its rows, the model
+    changing now and then): the compiled one pass (``_hot.entries_into``) gives the Python
+    form's columns and names, or its error, and makes every batch whose synchronizes are the
+    last one's (every flush after a rank's first) or that has none."""
+    monkeypatch.setenv("HVTRACE_NATIVE", "1")
+    if hot_module() is None or not hasattr(hot_module(), "entries_into"):
+        pytest.skip("the compiled hot path is not built here")
+    rng = random.Random(21 if junk else 22)
+    py, c, made = _encoders()
+    compiled = 0
+    model, held = _model(rng), None  # held: the model whose tensor columns the encoders hold
+    for case in range(300):
+        if rng.random() < 0.1:
+            model = _model(rng)
+        entries: list = []
+        for s in range(rng.randrange(0, 5)):
+            entries += _rows(rng, rng.randrange(0, 6), junk)
+            if rng.random() < 0.9:
+                entries.append(_sync(rng, s, model, junk))
+        syncs = any(type(e) is not tuple for e in entries)
+        due = not syncs or held is model
+        made[0] = 0
+        try:
+            want = py.encode(entries)
+        except (TypeError, ValueError, IndexError, OverflowError, KeyError, AttributeError) as exc:
+            with pytest.raises(type(exc)):
+                c.encode(entries)
+            py, c, made = _encoders()  # their names may differ past a failure
+            held = None
+            continue
+        got = c.encode(entries)
+        assert c._names == py._names and c._name_ids == py._name_ids, case
+        assert got.schema == want.schema
+        writer_cost.check_same(want, got)
+        compiled += made[0]
+        if syncs:
+            held = model
+        if due and not junk:
+            assert made[0] == 1, f"batch {case}: the one pass did not make it"
+    assert compiled > (200 if not junk else 80)

@@ -1,10 +1,12 @@
 /* hvtrace/record/_hot/deltas.c: deltas_into, the counters' deltas of a batch of readings;
- * rows_into and syncs_into, the writer's columns of a batch's rows and allreduce calls; and
+ * rows_into and syncs_into, the writer's columns of a batch's rows and allreduce calls, and
+ * entries_len and entries_into, the writer's columns of a whole batch in one pass; and
  * window_into, the live thread's matrix of a window's steps (those deltas among them). Part
  * of hvtrace/record/_hot.c (included there before module.c); not compiled alone.
  * Python twins: hvtrace.record.cpustat._deltas_py (chosen between them by
  * hvtrace.record.cpustat.deltas_columns), hvtrace.record.writer.BatchEncoder._row_columns_py
- * (by BatchEncoder._row_columns), writer._call_times_py (by writer._call_times) and
+ * (by BatchEncoder._row_columns), writer._call_times_py (by writer._call_times), the Python
+ * path of BatchEncoder.encode (entries_into's, chosen by BatchEncoder._compiled_columns) and
  * hvtrace.record.live._step_matrix_py (by live.step_matrix).
  *
  * Off the hot path, but on a thread of the training process holding the GIL: the writer thread
@@ -174,6 +176,95 @@ static PyObject *deltas_into(PyObject *module, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
+/* A batch's fourteen writer columns (writer._ROW_DTYPES), as C arrays. */
+typedef struct {
+    int32_t *step, *name;
+    int16_t *micro;
+    int8_t *kind, *dtype;
+    int64_t *start, *end, *nbytes;
+    double *value;
+    uint8_t *flags;
+    long long *cpu, *runq;
+    char *cpu_ok, *runq_ok;
+} RowCols;
+
+/* The item sizes of the fourteen columns, in order. */
+static const Py_ssize_t ROW_COL_SIZES[14] = {4, 2, 1, 4, 8, 8, 8, 1, 8, 1, 8, 8, 1, 1};
+
+static RowCols row_cols(Py_buffer *view) {
+    RowCols c = {view[0].buf, view[3].buf, view[1].buf, view[2].buf, view[7].buf,
+                 view[4].buf, view[5].buf, view[6].buf, view[8].buf, view[9].buf,
+                 view[10].buf, view[11].buf, view[12].buf, view[13].buf};
+    return c;
+}
+
+/* A name's id in ``ids`` (a dict, str -> id), interned there and appended to ``names`` when new:
+ * 0, 1 where it is not one this reads (an id out of range), -1 with an error set. */
+static int name_id_of(PyObject *nm, PyObject *ids, PyObject *names, long long *name_id) {
+    PyObject *id = PyDict_GetItemWithError(ids, nm);
+    if (id == NULL) {
+        if (PyErr_Occurred()) return -1;
+        Py_ssize_t k = PyList_GET_SIZE(names);
+        PyObject *kid = PyLong_FromSsize_t(k);
+        if (kid == NULL) return -1;
+        int bad = PyDict_SetItem(ids, nm, kid) < 0 || PyList_Append(names, nm) < 0;
+        Py_DECREF(kid);
+        if (bad) return -1;
+        *name_id = k;
+        return 0;
+    }
+    return int_field(id, INT32_MIN, INT32_MAX, name_id) < 0 ? 1 : 0;
+}
+
+/* Row ``r`` (a tuple, hvtrace.record.rows: ten fields, or twelve with the readings) into row
+ * ``j`` of the columns, as writer.BatchEncoder._row_columns_py makes it (no reading: its four
+ * counter cells zero and unmeasured): 1, 0 where it is not a row this reads (another length, a
+ * field of another type or out of its column's range), -1 with an error set. */
+static int row_into(PyObject *r, PyObject *ids, PyObject *names, LineMemo *memo, RowCols *c,
+                    Py_ssize_t j) {
+    if (!PyTuple_CheckExact(r)) return 0;
+    Py_ssize_t len = PyTuple_GET_SIZE(r);
+    if (len != 10 && len != 12) return 0;
+    long long v[10];
+    /* step, micro, kind, (name), start, end, bytes, dtype, (value), flags */
+    if (int_field(PyTuple_GET_ITEM(r, 0), INT32_MIN, INT32_MAX, &v[0]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 1), INT16_MIN, INT16_MAX, &v[1]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 2), INT8_MIN, INT8_MAX, &v[2]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 4), LLONG_MIN, LLONG_MAX, &v[4]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 5), LLONG_MIN, LLONG_MAX, &v[5]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 6), LLONG_MIN, LLONG_MAX, &v[6]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 7), INT8_MIN, INT8_MAX, &v[7]) < 0 ||
+        int_field(PyTuple_GET_ITEM(r, 9), 0, UINT8_MAX, &v[9]) < 0)
+        return 0;
+    PyObject *val = PyTuple_GET_ITEM(r, 8);
+    double d;
+    if (PyFloat_CheckExact(val))
+        d = PyFloat_AS_DOUBLE(val);
+    else if (as_double(val, &d) < 0)
+        return 0;
+    PyObject *nm = PyTuple_GET_ITEM(r, 3);
+    if (!PyUnicode_CheckExact(nm)) return 0;
+    long long name_id;
+    int got = name_id_of(nm, ids, names, &name_id);
+    if (got != 0) return got < 0 ? -1 : 0;
+    c->cpu[j] = c->runq[j] = 0;
+    c->cpu_ok[j] = c->runq_ok[j] = 0;
+    if (len == 12 && pair_delta(PyTuple_GET_ITEM(r, 10), PyTuple_GET_ITEM(r, 11), memo,
+                                &c->cpu[j], &c->cpu_ok[j], &c->runq[j], &c->runq_ok[j]) < 0)
+        return 0;
+    c->step[j] = (int32_t)v[0];
+    c->micro[j] = (int16_t)v[1];
+    c->kind[j] = (int8_t)v[2];
+    c->name[j] = (int32_t)name_id;
+    c->start[j] = v[4];
+    c->end[j] = v[5];
+    c->nbytes[j] = v[6];
+    c->dtype[j] = (int8_t)v[7];
+    c->value[j] = d;
+    c->flags[j] = (uint8_t)v[9];
+    return 1;
+}
+
 /* rows_into(rows, name_ids, names, step, micro, kind, name, start, end, nbytes, dtype, value,
  * flags, cpu, runq, cpu_ok, runq_ok) -> bool: the writer's columns of a batch's rows (tuples,
  * hvtrace.record.rows: ten fields, or twelve with the readings), as its Python form
@@ -191,76 +282,202 @@ static PyObject *rows_into(PyObject *module, PyObject *args) {
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(rows);
     Py_buffer view[14];
-    const Py_ssize_t size[14] = {4, 2, 1, 4, 8, 8, 8, 1, 8, 1, 8, 8, 1, 1};
-    if (get_columns(cols, view, size, 14, n) < 0) return NULL;
-    int32_t *step = view[0].buf, *name = view[3].buf;
-    int16_t *micro = view[1].buf;
-    int8_t *kind = view[2].buf, *dtype = view[7].buf;
-    int64_t *start = view[4].buf, *end = view[5].buf, *nbytes = view[6].buf;
-    double *value = view[8].buf;
-    uint8_t *flags = view[9].buf;
-    long long *cpu = view[10].buf, *runq = view[11].buf;
-    char *cpu_ok = view[12].buf, *runq_ok = view[13].buf;
+    if (get_columns(cols, view, ROW_COL_SIZES, 14, n) < 0) return NULL;
+    RowCols c = row_cols(view);
     LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
     int ok = 1;
-    PyObject *result = NULL;
-    for (Py_ssize_t j = 0; j < n && ok; j++) {
-        PyObject *r = PyList_GET_ITEM(rows, j);
-        ok = 0;
-        if (!PyTuple_CheckExact(r)) break;
-        Py_ssize_t len = PyTuple_GET_SIZE(r);
-        if (len != 10 && len != 12) break;
-        long long v[10];
-        /* step, micro, kind, (name), start, end, bytes, dtype, (value), flags */
-        if (int_field(PyTuple_GET_ITEM(r, 0), INT32_MIN, INT32_MAX, &v[0]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 1), INT16_MIN, INT16_MAX, &v[1]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 2), INT8_MIN, INT8_MAX, &v[2]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 4), LLONG_MIN, LLONG_MAX, &v[4]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 5), LLONG_MIN, LLONG_MAX, &v[5]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 6), LLONG_MIN, LLONG_MAX, &v[6]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 7), INT8_MIN, INT8_MAX, &v[7]) < 0 ||
-            int_field(PyTuple_GET_ITEM(r, 9), 0, UINT8_MAX, &v[9]) < 0)
-            break;
-        PyObject *val = PyTuple_GET_ITEM(r, 8);
-        double d;
-        if (PyFloat_CheckExact(val))
-            d = PyFloat_AS_DOUBLE(val);
-        else if (as_double(val, &d) < 0)
-            break;
-        PyObject *nm = PyTuple_GET_ITEM(r, 3);
-        if (!PyUnicode_CheckExact(nm)) break;
-        PyObject *id = PyDict_GetItemWithError(ids, nm);
-        long long name_id;
-        if (id == NULL) {
-            if (PyErr_Occurred()) goto done;
-            Py_ssize_t k = PyList_GET_SIZE(names);
-            PyObject *kid = PyLong_FromSsize_t(k);
-            if (kid == NULL) goto done;
-            int bad = PyDict_SetItem(ids, nm, kid) < 0 || PyList_Append(names, nm) < 0;
-            Py_DECREF(kid);
-            if (bad) goto done;
-            name_id = k;
-        } else if (int_field(id, INT32_MIN, INT32_MAX, &name_id) < 0) {
-            break;
-        }
-        if (len == 12 && pair_delta(PyTuple_GET_ITEM(r, 10), PyTuple_GET_ITEM(r, 11), &memo,
-                                    &cpu[j], &cpu_ok[j], &runq[j], &runq_ok[j]) < 0)
-            break;
-        step[j] = (int32_t)v[0];
-        micro[j] = (int16_t)v[1];
-        kind[j] = (int8_t)v[2];
-        name[j] = (int32_t)name_id;
-        start[j] = v[4];
-        end[j] = v[5];
-        nbytes[j] = v[6];
-        dtype[j] = (int8_t)v[7];
-        value[j] = d;
-        flags[j] = (uint8_t)v[9];
-        ok = 1;
-    }
-    result = PyBool_FromLong(ok);
-done:
+    for (Py_ssize_t j = 0; j < n && ok == 1; j++)
+        ok = row_into(PyList_GET_ITEM(rows, j), ids, names, &memo, &c, j);
     for (int i = 0; i < 14; i++) PyBuffer_Release(&view[i]);
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
+}
+
+/* An entry of a batch that is an hvtrace.record.rows.Allreduces (a named tuple: step, micro,
+ * flags, enqueued, done, end, meta) whose ``enqueued`` and ``done`` are lists, ``meta`` a dict. */
+static int is_sync(PyObject *e) {
+    return !PyTuple_CheckExact(e) && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 7 &&
+           PyList_CheckExact(PyTuple_GET_ITEM(e, 3)) &&
+           PyList_CheckExact(PyTuple_GET_ITEM(e, 4)) && PyDict_CheckExact(PyTuple_GET_ITEM(e, 6));
+}
+
+/* entries_len(entries, infos, tensors) -> int: the rows of a batch's ``entries`` (rows: tuples;
+ * synchronizes: hvtrace.record.rows.Allreduces) where every synchronize's enqueued calls find,
+ * in its ``meta``, the very ``infos`` (a list, by identity) whose tensor columns the writer holds
+ * (``tensors`` of them: writer.BatchEncoder._tensor_columns, its last synchronize's); -1 where
+ * one does not (the caller's Python form makes that batch, and holds its new columns) or an
+ * entry is neither. */
+static PyObject *entries_len(PyObject *module, PyObject *args) {
+    PyObject *entries, *infos;
+    Py_ssize_t tensors;
+    if (!PyArg_ParseTuple(args, "O!O!n:entries_len", &PyList_Type, &entries, &PyList_Type,
+                          &infos, &tensors))
+        return NULL;
+    Py_ssize_t n = 0, calls = PyList_GET_SIZE(infos);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i);
+        if (PyTuple_CheckExact(e)) {
+            n++;
+            continue;
+        }
+        if (!is_sync(e)) return PyLong_FromLong(-1);
+        PyObject *enq = PyTuple_GET_ITEM(e, 3), *meta = PyTuple_GET_ITEM(e, 6);
+        if (PyList_GET_SIZE(enq) != calls) return PyLong_FromLong(-1);
+        for (Py_ssize_t j = 0; j < calls; j++) {
+            PyObject *c = PyList_GET_ITEM(enq, j);
+            if (!PyTuple_CheckExact(c) || PyTuple_GET_SIZE(c) != 3) return PyLong_FromLong(-1);
+            PyObject *info = PyDict_GetItemWithError(meta, PyTuple_GET_ITEM(c, 1));
+            if (info != PyList_GET_ITEM(infos, j)) {
+                PyErr_Clear(); /* an unhashable key: the Python form raises it */
+                return PyLong_FromLong(-1);
+            }
+        }
+        n += tensors;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+/* A read-only C-contiguous column of ``n`` items of ``itemsize`` bytes. */
+static int readable(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->itemsize != itemsize || view->len != itemsize * n) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "a tensor column has the wrong size");
+        return -1;
+    }
+    return 0;
+}
+
+/* The tensor columns of a model's synchronize (writer.BatchEncoder._tensor_columns): per call,
+ * its tensors; per tensor, its name id, bytes and dtype code. */
+typedef struct {
+    const int64_t *counts, *nbytes;
+    const int32_t *names;
+    const int8_t *dtypes;
+    Py_ssize_t calls, tensors;
+} TensorCols;
+
+/* Synchronize ``e`` (checked by is_sync) into rows ``*j`` on, one per tensor, as
+ * writer.BatchEncoder._allreduce_block makes them (each call's tensors from its enqueue to its
+ * handle's first observed completion, else the synchronize's end; no counters), ``ends`` a
+ * scratch dict: 1, 0 where it is not one this reads, -1 with an error set. */
+static int sync_into(PyObject *e, const TensorCols *t, int8_t k_allreduce, PyObject *ends,
+                     RowCols *c, Py_ssize_t *j, Py_ssize_t n) {
+    long long step, micro, flags;
+    if (int_field(PyTuple_GET_ITEM(e, 0), INT32_MIN, INT32_MAX, &step) < 0 ||
+        int_field(PyTuple_GET_ITEM(e, 1), INT16_MIN, INT16_MAX, &micro) < 0 ||
+        int_field(PyTuple_GET_ITEM(e, 2), 0, UINT8_MAX, &flags) < 0)
+        return 0;
+    PyObject *enq = PyTuple_GET_ITEM(e, 3), *done = PyTuple_GET_ITEM(e, 4);
+    PyObject *end = PyTuple_GET_ITEM(e, 5);
+    if (PyList_GET_SIZE(enq) != t->calls) return 0;
+    PyDict_Clear(ends);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(done); i++) {
+        PyObject *d = PyList_GET_ITEM(done, i);
+        if (!PyTuple_CheckExact(d) || PyTuple_GET_SIZE(d) != 2) return 0;
+        if (PyDict_SetDefault(ends, PyTuple_GET_ITEM(d, 0), PyTuple_GET_ITEM(d, 1)) == NULL) {
+            PyErr_Clear(); /* an unhashable handle: the Python form raises it */
+            return 0;
+        }
+    }
+    Py_ssize_t k = 0; /* the tensor */
+    for (Py_ssize_t i = 0; i < t->calls; i++) {
+        PyObject *call = PyList_GET_ITEM(enq, i);
+        if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 3) return 0;
+        PyObject *h = PyTuple_GET_ITEM(call, 2);
+        if (PyTuple_CheckExact(h)) {
+            if (PyTuple_GET_SIZE(h) < 1) return 0;
+            h = PyTuple_GET_ITEM(h, 0);
+        }
+        PyObject *tok = PyDict_GetItemWithError(ends, h);
+        if (tok == NULL && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        long long t0, t1;
+        if (int_field(PyTuple_GET_ITEM(call, 0), LLONG_MIN, LLONG_MAX, &t0) < 0 ||
+            int_field(tok != NULL ? tok : end, LLONG_MIN, LLONG_MAX, &t1) < 0)
+            return 0;
+        if (t->counts[i] < 0 || t->counts[i] > t->tensors - k || *j + t->counts[i] > n) return 0;
+        for (int64_t m = 0; m < t->counts[i]; m++, k++) {
+            Py_ssize_t r = (*j)++;
+            c->step[r] = (int32_t)step;
+            c->micro[r] = (int16_t)micro;
+            c->kind[r] = k_allreduce;
+            c->name[r] = t->names[k];
+            c->start[r] = t0;
+            c->end[r] = t1;
+            c->nbytes[r] = t->nbytes[k];
+            c->dtype[r] = t->dtypes[k];
+            c->value[r] = Py_NAN;
+            c->flags[r] = (uint8_t)flags;
+            c->cpu[r] = c->runq[r] = 0;
+            c->cpu_ok[r] = c->runq_ok[r] = 0;
+        }
+    }
+    return k == t->tensors;
+}
+
+/* entries_into(entries, name_ids, names, counts, tensor_names, tensor_bytes, tensor_dtypes,
+ * k_allreduce, *columns) -> bool: the writer's fourteen columns of a whole batch, rows and
+ * synchronizes in their order, in one pass (what writer.BatchEncoder.encode's Python form makes
+ * in several: rows_into's rows, a synchronize's rows from the tensor columns it holds, its
+ * calls' times as syncs_into's, interleaved), the columns entries_len(...) rows long. False where
+ * an entry is not one this reads (the caller runs the Python form on the batch). */
+static PyObject *entries_into(PyObject *module, PyObject *args) {
+    PyObject *entries, *ids, *names, *tcols[4], *cols[14];
+    int k_allreduce;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOiOOOOOOOOOOOOOO:entries_into", &PyList_Type,
+                          &entries, &PyDict_Type, &ids, &PyList_Type, &names, &tcols[0],
+                          &tcols[1], &tcols[2], &tcols[3], &k_allreduce, &cols[0], &cols[1],
+                          &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7], &cols[8],
+                          &cols[9], &cols[10], &cols[11], &cols[12], &cols[13]))
+        return NULL;
+    if (k_allreduce < INT8_MIN || k_allreduce > INT8_MAX) {
+        PyErr_SetString(PyExc_ValueError, "entries_into: k_allreduce out of range");
+        return NULL;
+    }
+    Py_buffer tview[4];
+    if (PyObject_GetBuffer(tcols[0], &tview[0], PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t calls = tview[0].len / 8, tensors = 0;
+    int got = tview[0].itemsize == 8 && tview[0].len % 8 == 0 ? 1 : 0;
+    if (!got) PyErr_SetString(PyExc_ValueError, "the calls' tensor counts are not int64");
+    if (got && PyObject_GetBuffer(tcols[1], &tview[1], PyBUF_C_CONTIGUOUS) == 0) {
+        tensors = tview[1].len / 4;
+        got = 2;
+        if (tview[1].itemsize == 4 && readable(tcols[2], &tview[2], 8, tensors) == 0) {
+            got = 3;
+            if (readable(tcols[3], &tview[3], 1, tensors) == 0) got = 4;
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "the tensors' name ids are not int32");
+        }
+    }
+    if (got < 4) {
+        while (got--) PyBuffer_Release(&tview[got]);
+        return NULL;
+    }
+    TensorCols t = {tview[0].buf, tview[2].buf, tview[1].buf, tview[3].buf, calls, tensors};
+    Py_ssize_t n = PyObject_Length(cols[0]);
+    Py_buffer view[14];
+    PyObject *ends = NULL, *result = NULL;
+    if (n < 0 || get_columns(cols, view, ROW_COL_SIZES, 14, n) < 0) goto release_t;
+    if ((ends = PyDict_New()) == NULL) goto release;
+    RowCols c = row_cols(view);
+    LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
+    int ok = 1;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries) && ok == 1; i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i);
+        if (PyTuple_CheckExact(e))
+            ok = j < n ? row_into(e, ids, names, &memo, &c, j++) : 0;
+        else
+            ok = is_sync(e) ? sync_into(e, &t, (int8_t)k_allreduce, ends, &c, &j, n) : 0;
+    }
+    if (ok >= 0) result = PyBool_FromLong(ok == 1 && j == n);
+release:
+    Py_XDECREF(ends);
+    for (int i = 0; i < 14; i++) PyBuffer_Release(&view[i]);
+release_t:
+    for (int i = 0; i < 4; i++) PyBuffer_Release(&tview[i]);
     return result;
 }
 

@@ -69,6 +69,15 @@ static PyMethodDef module_methods[] = {
      "rows_into(rows, name_ids, names, *columns) -> bool: the writer's fourteen columns of a "
      "batch's rows (hvtrace.record.writer.BatchEncoder._row_columns); False where a row is not "
      "one it reads (the Python form decides)."},
+    {"entries_len", entries_len, METH_VARARGS,
+     "entries_len(entries, infos, tensors) -> int: the rows of a batch whose synchronizes all "
+     "enqueue the tensors whose columns the writer holds (hvtrace.record.writer.BatchEncoder."
+     "encode); -1 where one does not or an entry is neither a row nor a synchronize."},
+    {"entries_into", entries_into, METH_VARARGS,
+     "entries_into(entries, name_ids, names, counts, tensor_names, tensor_bytes, tensor_dtypes, "
+     "k_allreduce, *columns) -> bool: the writer's fourteen columns of a whole batch in one pass "
+     "(hvtrace.record.writer.BatchEncoder.encode); False where an entry is not one it reads "
+     "(the Python form decides)."},
     {"syncs_into", syncs_into, METH_VARARGS,
      "syncs_into(syncs, start, stop) -> bool: the start and end tokens of every allreduce call "
      "of a batch's synchronizes (hvtrace.record.writer.BatchEncoder._call_times); False where "
