@@ -11,7 +11,7 @@ untraced baseline moves by 2x between hours) moves every mode alike:
 - ``defaults``: ``hvtrace.DistributedOptimizer`` with every default (live detection included);
 - one mode per background feature turned off, the rest at their defaults: ``no-live``
   (``HVTRACE_LIVE_EVERY=0``), ``writer-60s`` (``HVTRACE_FLUSH_S=60``: the writer thread wakes
-  once a minute, not twice a second), ``no-consistency`` (``HVTRACE_CONSISTENCY_EVERY=0``),
+  once a minute, not once a second), ``no-consistency`` (``HVTRACE_CONSISTENCY_EVERY=0``),
   ``stall-1d`` (``HVTRACE_STALL_S=86400``; the stall watchdog has no thread: it runs in the
   writer's flush, so this mode only shows that), ``counters-every-step``
   (``HVTRACE_COUNTERS_MS=0``: the CPU counters read on every step, where by default steps shorter

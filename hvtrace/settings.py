@@ -29,7 +29,7 @@ class Setting:
 
 
 FLUSH_S: Final = Setting(
-    "HVTRACE_FLUSH_S", 0.5, 0.01, 60.0, "seconds between the writer's appends to the file"
+    "HVTRACE_FLUSH_S", 1.0, 0.01, 60.0, "seconds between the writer's appends to the file"
 )
 BUFFER_SPANS: Final = Setting(
     "HVTRACE_BUFFER_SPANS", 1 << 20, 16, 1 << 26, "spans buffered before new ones are dropped"
@@ -187,7 +187,8 @@ def _flag(env: str, default: bool, explicit: bool | None = None) -> bool:
 
 def flush_interval_s(explicit: float | None = None) -> float:
     """The writer's flush interval in seconds: ``explicit``, else ``$HVTRACE_FLUSH_S``, else
-    0.5; bounded to 0.01..60 s."""
+    1 (0.5 until 29 Nov 2026: each append has a fixed cost, about 0.3-0.7 ms of CPU, that a
+    job pays per second whatever its step, bench/README.md); bounded to 0.01..60 s."""
     return _value(FLUSH_S, explicit, float)
 
 

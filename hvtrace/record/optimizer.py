@@ -103,7 +103,7 @@ def DistributedOptimizer(
     ``trace_dir`` (else ``$HVTRACE_DIR``, else ``./hvtrace-trace``) receives one ``.arrows`` file
     per rank. ``model`` (optional) splits compute into input gap, forward and backward.
     ``HVTRACE=0`` returns Horovod's optimizer untouched. ``flush_interval_s`` (else
-    ``$HVTRACE_FLUSH_S``, else 0.5 s) is how often the writer thread appends to the file;
+    ``$HVTRACE_FLUSH_S``, else 1 s) is how often the writer thread appends to the file;
     ``buffer_spans`` (else ``$HVTRACE_BUFFER_SPANS``, else 2**20) bounds the in-memory buffer:
     when the writer falls that far behind, new spans are dropped and counted, never waited for.
     ``horovod_timeline`` (else ``$HVTRACE_HOROVOD_TIMELINE``, else off) also starts Horovod's own

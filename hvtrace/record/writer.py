@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 
+from hvtrace import settings
 from hvtrace.format.compact import CompactResult, compact
 from hvtrace.format.schema import (
     BATCH_STATUS_KEY,
@@ -558,7 +559,7 @@ class BackgroundWriter:
         timer: Any,
         status: Callable[[bool], dict[str, Any]],
         on_error: Callable[[BaseException], None],
-        flush_interval_s: float = 0.5,
+        flush_interval_s: float = settings.FLUSH_S.default,
     ) -> None:
         self._buffer = buffer
         self._timer = timer

@@ -18,10 +18,10 @@ def _fresh_warnings(monkeypatch):
 def test_bad_flush_interval_warns_and_uses_the_default(monkeypatch, caplog, raw) -> None:
     monkeypatch.setenv("HVTRACE_FLUSH_S", raw)
     with caplog.at_level(logging.WARNING, logger="hvtrace"):
-        assert settings.flush_interval_s() == 0.5
-        assert settings.flush_interval_s() == 0.5  # warned once, not on every call
+        assert settings.flush_interval_s() == 1.0
+        assert settings.flush_interval_s() == 1.0  # warned once, not on every call
     msgs = [r.getMessage() for r in caplog.records]
-    assert len(msgs) == 1 and "HVTRACE_FLUSH_S" in msgs[0] and "using 0.5" in msgs[0]
+    assert len(msgs) == 1 and "HVTRACE_FLUSH_S" in msgs[0] and "using 1.0" in msgs[0]
 
 
 @pytest.mark.parametrize("raw", ["0", "-5", "3.5", "nan", "many", str(1 << 30)])
@@ -40,7 +40,7 @@ def test_good_values_and_explicit_arguments(monkeypatch, caplog) -> None:
         assert settings.buffer_spans() == 40
         assert settings.flush_interval_s(0.1) == 0.1  # an argument wins over the environment
         assert not caplog.records
-        assert settings.flush_interval_s(0) == 0.5  # and is checked the same way
+        assert settings.flush_interval_s(0) == 1.0  # and is checked the same way
     assert "HVTRACE_FLUSH_S=0" in caplog.records[0].getMessage()
 
 
