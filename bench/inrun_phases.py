@@ -278,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="3ms", choices=sorted(wallclock.SIZES))
     ap.add_argument("--gc-off", action="store_true", help="Python's collector off in the ranks")
     ap.add_argument("--cycle-ms", type=float, default=0.1, help="HOROVOD_CYCLE_TIME")
+    ap.add_argument("--mode", default="floor", choices=sorted(m for m, v in wallclock.MODES.items()
+                                                              if v is not None),
+                    help="wallclock.py's mode whose settings the traced arms run with (floor: "
+                         "the training path alone; defaults: live detection, the writer and the "
+                         "checks too: one traced arm, then)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
@@ -285,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad or len(set(arms)) != len(arms) or ("D" in arms and "T" not in arms):
         ap.error(f"--arms: letters of PQTCKNODHMY, each once (D needs T): {args.arms}")
     width, layers, batch = wallclock.SIZES[args.size]
-    env = wallclock._env(args.cycle_ms, {**(wallclock.MODES["floor"] or {}),
+    if args.mode != "floor" and len(set(arms) & set("TCKNOMY")) > 1:
+        ap.error("--mode other than floor: one traced arm (live detection is one per process)")
+    env = wallclock._env(args.cycle_ms, {**(wallclock.MODES[args.mode] or {}),
                                          "INRUN_GC_OFF": "1" if args.gc_off else "0"})  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hvtrace-inrun-phases-") as tmp:
         script = Path(tmp) / "worker.py"
@@ -298,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     res = {f"rank{r}": summarize(d["rows"], arms, args.warmup_s) for r, d in enumerate(ranks)}
     for r, d in enumerate(ranks):
         res[f"rank{r}"]["counters"] = d["counters"]
-    print(f"{args.size} model, arms {','.join(arms)}, floor settings, {args.seconds:g} s after "
-          f"{args.warmup_s:g} s" + (", collector off" if args.gc_off else ""))  # fmt: skip
+    gc_note = ", collector off" if args.gc_off else ""
+    print(f"{args.size} model, arms {','.join(arms)}, {args.mode} settings, "
+          f"{args.seconds:g} s after {args.warmup_s:g} s{gc_note}")  # fmt: skip
     for r in (0, 1):
         print_rank(r, res[f"rank{r}"])
     if args.json:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hvtrace.format.schema import KIND_CODE
 from hvtrace.record import cpustat, writer
 from hvtrace.record.native import hot_module
 from hvtrace.record.rows import Allreduces
@@ -212,8 +213,6 @@ def _window(rng: random.Random, n: int, junk: bool) -> list:
     """A live window's steps as the tracer hands them over: phase rows (some without readings),
     a scalar, a synchronize's allreduces (tensors grouped or not, one missing from ``meta``),
     collectives outside the optimizer counted; and (``junk``) anything else."""
-    from hvtrace.format.schema import KIND_CODE
-
     kinds = ["input", "forward", "backward", "wait", "update", "step", "scalar", "forward"]
     out = []
     readings = _readings(rng, 12 * n + 2, False)
@@ -366,3 +365,31 @@ def test_the_one_pass_batch_columns_are_the_python_forms(monkeypatch, junk: bool
         if due and not junk:
             assert made[0] == 1, f"batch {case}: the one pass did not make it"
     assert compiled > (200 if not junk else 80)
+
+
+def test_the_one_pass_refuses_tensor_columns_of_the_wrong_type_or_size() -> None:
+    hot = hot_module()
+    if hot is None or not hasattr(hot, "entries_into"):
+        pytest.skip("the compiled hot path is not built here")
+    k = KIND_CODE["allreduce"]
+    rows = [(0, 0, 1, "forward", 5, 9, 0, 0, math.nan, 0)]
+    cols = [np.empty(1, t) for t in writer._ROW_DTYPES]
+
+    def good() -> list[np.ndarray]:  # one call of one tensor: counts, name ids, bytes, dtypes
+        return [np.ones(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int64),
+                np.zeros(1, np.int8)]  # fmt: skip
+
+    assert hot.entries_into(rows, {}, [], *good(), k, *cols)
+    wrong = [np.ones(1, np.float32), np.zeros(1, np.int64), np.zeros(2, np.int64),
+             np.zeros(3, np.int8)]  # fmt: skip
+    for i, bad in enumerate(wrong):  # counts not int64, name ids not int32, sizes that differ
+        tensor_cols = good()
+        tensor_cols[i] = bad
+        refs = [sys.getrefcount(a) for a in tensor_cols]
+        with pytest.raises(ValueError):
+            hot.entries_into(rows, {}, [], *tensor_cols, k, *cols)
+        # no buffer is left held (a held one holds a reference to its array)
+        assert [sys.getrefcount(a) for a in tensor_cols] == refs
+    with pytest.raises(ValueError, match="wrong size"):
+        hot.entries_into(rows, {}, [], *good(), k, *cols[:13],
+                         np.empty(2, np.bool_))  # fmt: skip

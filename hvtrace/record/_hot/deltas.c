@@ -438,10 +438,14 @@ static PyObject *entries_into(PyObject *module, PyObject *args) {
     }
     Py_buffer tview[4];
     if (PyObject_GetBuffer(tcols[0], &tview[0], PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (tview[0].itemsize != 8 || tview[0].len % 8 != 0) {
+        PyBuffer_Release(&tview[0]);
+        PyErr_SetString(PyExc_ValueError, "the calls' tensor counts are not int64");
+        return NULL;
+    }
     Py_ssize_t calls = tview[0].len / 8, tensors = 0;
-    int got = tview[0].itemsize == 8 && tview[0].len % 8 == 0 ? 1 : 0;
-    if (!got) PyErr_SetString(PyExc_ValueError, "the calls' tensor counts are not int64");
-    if (got && PyObject_GetBuffer(tcols[1], &tview[1], PyBUF_C_CONTIGUOUS) == 0) {
+    int got = 1; /* the buffers held */
+    if (PyObject_GetBuffer(tcols[1], &tview[1], PyBUF_C_CONTIGUOUS) == 0) {
         tensors = tview[1].len / 4;
         got = 2;
         if (tview[1].itemsize == 4 && readable(tcols[2], &tview[2], 8, tensors) == 0) {
