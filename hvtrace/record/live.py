@@ -897,8 +897,9 @@ class LiveMonitor:
         if not held:
             return
         both = held[0] if len(held) == 1 else _merge_windows(held, size)
+        windows = len(held)
         held.clear()
-        self._judge(both, size)
+        self._judge(both, size, windows)
         self._after_judgment(time.monotonic())
 
     def _after_judgment(self, now_s: float) -> None:
@@ -981,12 +982,15 @@ class LiveMonitor:
             return gathered
         return _join_ranks_rows([p for p, _ in recent])
 
-    def _judge(self, gathered: np.ndarray, size: int) -> None:
+    def _judge(self, gathered: np.ndarray, size: int, windows: int = 1) -> None:
         """One window's verdicts into events, with hysteresis: a rank is logged late once named
         in :data:`PERSIST_WINDOWS` windows in a row, logged again (``changed``) when its phase,
         cause or size differs from what was logged in as many windows in a row, and recovered
         when not named in as many; a host likewise is logged short of CPU (``contended``) and
-        then ``uncontended``."""
+        then ``uncontended``. ``gathered`` holds ``windows`` windows (those the CPU budget held,
+        judged together): a judgment of their steps together counts as that many windows in a
+        row, so that a short job whose windows were held is named as one judged window by
+        window is (the verdict matrix's 200-step jobs on a quiet host were not, 29 Nov 2026)."""
         gathered = self._decided_on(gathered, size)
         if self.judge is None:
             found = self._ask_judge(gathered, size, self._take_counts())
@@ -1001,10 +1005,10 @@ class LiveMonitor:
         first, last = (int(steps.min()), int(steps.max())) if steps.size else (None, None)
         events = []
         # ranks: named (or not) in PERSIST_WINDOWS windows in a row
-        _count_windows(self.streak, self.clear, now)
+        _count_windows(self.streak, self.clear, now, windows)
         for r in self.streak:
             moved = r in now and r in self.named and changed(self.named[r], now[r])
-            self.moved[r] = self.moved.get(r, 0) + 1 if moved else 0
+            self.moved[r] = self.moved.get(r, 0) + windows if moved else 0
         for r, v in now.items():
             if r not in self.named and self.streak[r] >= PERSIST_WINDOWS:
                 self.named[r] = v
@@ -1019,7 +1023,7 @@ class LiveMonitor:
                 dict(v, event="recovered", first_step=first, last_step=last, late_ms=None)
             )
         # hosts short of CPU: one line when it begins, one when it ends
-        _count_windows(self.host_streak, self.host_clear, hosts_now)
+        _count_windows(self.host_streak, self.host_clear, hosts_now, windows)
         for h, v in hosts_now.items():
             if h not in self.contended and self.host_streak[h] >= PERSIST_WINDOWS:
                 self.contended[h] = v
@@ -1125,9 +1129,12 @@ def stopped_message(e: dict[str, Any]) -> str:
     )
 
 
-def _count_windows(streak: dict[Any, int], clear: dict[Any, int], now: dict[Any, Any]) -> None:
+def _count_windows(
+    streak: dict[Any, int], clear: dict[Any, int], now: dict[Any, Any], windows: int = 1
+) -> None:
     """Count, for every key seen so far, the windows in a row it was named in (``streak``) and
-    the windows in a row it was not (``clear``); ``now``: this window's named keys."""
+    the windows in a row it was not (``clear``); ``now``: the named keys of this judgment, of
+    ``windows`` windows together."""
     for k in set(streak) | set(now):
-        streak[k] = streak.get(k, 0) + 1 if k in now else 0
-        clear[k] = 0 if k in now else clear.get(k, 0) + 1
+        streak[k] = streak.get(k, 0) + windows if k in now else 0
+        clear[k] = 0 if k in now else clear.get(k, 0) + windows

@@ -486,7 +486,7 @@ def test_rank_0_judges_on_a_thread_of_its_own_in_order(monkeypatch) -> None:
     gate, judged, closed = threading.Event(), [], []
     live_thread = threading.get_ident()
 
-    def judge(gathered, size):
+    def judge(gathered, size, windows=1):
         gate.wait(10)
         judged.append((int(gathered[0, 0]), size, threading.get_ident() != live_thread))
 
@@ -511,7 +511,7 @@ def test_drain_waits_for_the_windows_handed_to_the_judge_and_no_longer(monkeypat
     mon._judge_q, mon._judge_proc, mon._thread = None, None, None
     judged = []
 
-    def judge(gathered, size):
+    def judge(gathered, size, windows=1):
         time.sleep(0.3)
         judged.append(int(gathered[0, 0]))
 
@@ -537,7 +537,7 @@ def test_a_judge_that_falls_behind_judges_the_newest_windows(monkeypatch) -> Non
     mon._judge_q, mon._judge_proc, mon.judge_skipped = None, None, 0
     gate, inside, judged = threading.Event(), threading.Event(), []
 
-    def judge(gathered, size):
+    def judge(gathered, size, windows=1):
         inside.set()
         gate.wait(10)
         judged.append(int(gathered[0, 0]))
@@ -629,7 +629,7 @@ def test_a_break_waits_for_a_judge_that_starts_more_than_max_count_windows_late(
     mon._judge_q, mon._judge_proc, mon._counts, mon.judge_skipped = None, None, [], 0
     gate, inside, taken = threading.Event(), threading.Event(), []
 
-    def judge(gathered, size):
+    def judge(gathered, size, windows=1):
         inside.set()
         gate.wait(10)
         taken.append(mon._take_counts())  # (the judge's first answer takes what waited)
@@ -666,12 +666,14 @@ def test_the_judge_keeps_to_its_cpu_share_judging_held_windows_together(monkeypa
     mon._judge_q, mon._judge_proc, mon.judge_skipped = None, None, 0
     mon.judge_share = 0.01  # 1 % of a core: 50 ms of CPU holds the next judgment for 5 s
     judged: list[tuple[list[int], list[float]]] = []
+    counted: list[int] = []  # the windows each judgment says it holds
     done = threading.Semaphore(0)
 
-    def judge(gathered, size):
+    def judge(gathered, size, windows=1):
         per = gathered.reshape(size, -1, gathered.shape[1])
         fwd = 1 + 3 * live.PHASES.index("forward")
         judged.append(([int(x) for x in per[0, :, 0]], [float(x) for x in per[:, 0, fwd]]))
+        counted.append(windows)
         mon.judge_cpu_s = 0.05
         done.release()
 
@@ -696,6 +698,7 @@ def test_the_judge_keeps_to_its_cpu_share_judging_held_windows_together(monkeypa
         list(range(40, 60)),  # held, then judged together at the stop
     ]
     assert all(f == [10 * MS, 15 * MS] for _, f in judged)  # each rank's rows stay its own
+    assert counted == [1, 1, 2]  # the held two count as two windows for the logging
     assert mon.judge_held == 2 and mon.judge_skipped == 0 and mon.judgments == 3
     assert mon.judge_next_s > time.monotonic() + 4  # 50 ms at 1 %: 5 s from the last
 
@@ -731,6 +734,33 @@ def test_the_judge_keeps_to_its_cpu_share_judging_held_windows_together(monkeypa
     thread.join(10)
     assert [steps for steps, _ in judged] == [list(range(110, 120)), list(range(120, 130))]
     assert mon.judge_skipped == 1
+
+
+def test_windows_judged_together_count_as_that_many_for_the_logging(caplog) -> None:
+    """A judgment of windows that the CPU budget held counts as that many windows in a row: a
+    slow rank named in two held windows judged together is logged at once (as two windows
+    judged one by one would be), and one clean judgment of two windows recovers it; a single
+    window named alone is still not logged."""
+    rec = SimpleNamespace(enabled=True, live_events=[])
+    mon = live.LiveMonitor.__new__(live.LiveMonitor)
+    mon.tracer, mon.hosts = SimpleNamespace(rec=rec), {0: "a", 1: "b"}
+    mon.init_verdicts()
+    mon.judge = live_judge.verdicts
+    mon._judge_proc, mon._judge_q = None, None
+
+    def two(first: int, slow: float) -> np.ndarray:  # windows first.. and first+20.., merged
+        held = [np.vstack([_window(0.0, f), _window(slow, f)]) for f in (first, first + 20)]
+        return live._merge_windows(held, 2)
+
+    with caplog.at_level(logging.WARNING, logger="hvtrace"):
+        mon._judge(np.vstack([_window(0.0, 0), _window(20.0, 0)]), 2)  # one window: not yet
+        mon._judge(np.vstack([_window(0.0, 20), _window(0.0, 20)]), 2)
+        assert not rec.live_events
+        mon._judge(two(40, 20.0), 2, windows=2)
+        assert [e["event"] for e in rec.live_events] == ["late"]
+        assert "rank 1 (host b) late 20.0 ms/step over steps 40-79: forward" in caplog.text
+        mon._judge(two(80, 0.0), 2, windows=2)
+    assert [e["event"] for e in rec.live_events] == ["late", "recovered"]
 
 
 def test_the_judges_share_is_a_setting(monkeypatch) -> None:
