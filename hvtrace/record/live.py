@@ -989,8 +989,9 @@ class LiveMonitor:
         when not named in as many; a host likewise is logged short of CPU (``contended``) and
         then ``uncontended``. ``gathered`` holds ``windows`` windows (those the CPU budget held,
         judged together): a judgment of their steps together counts as that many windows in a
-        row, so that a short job whose windows were held is named as one judged window by
-        window is (the verdict matrix's 200-step jobs on a quiet host were not, 29 Nov 2026)."""
+        row, so the lines come as they would with each window judged alone (counted once, a
+        short job's held windows never made two in a row: the verdict matrix's 200-step jobs on
+        a quiet host, 29 Nov 2026)."""
         gathered = self._decided_on(gathered, size)
         if self.judge is None:
             found = self._ask_judge(gathered, size, self._take_counts())
