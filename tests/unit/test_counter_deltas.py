@@ -158,6 +158,27 @@ def test_the_compiled_row_columns_are_the_python_forms(monkeypatch, junk: bool) 
     assert compiled == 300 if not junk else compiled > 30
 
 
+def _spoiled(rng: random.Random, e: Allreduces, kinds: list[str]) -> Allreduces:
+    """Synchronize ``e`` with one thing wrong, of ``kinds``: a start token that is not an int,
+    no end, an unhashable handle among the completions, a call too short, a step out of range,
+    a key its ``meta`` does not know (its lists changed in place)."""
+    calls, done = e.enqueued, e.done
+    bad = rng.choice(kinds)
+    if bad == "token" and calls:
+        calls[0] = (1.5, *calls[0][1:])
+    elif bad == "end":
+        e = e._replace(end=None)
+    elif bad == "handle":
+        done.append(([1], 5))
+    elif bad == "step":
+        e = e._replace(step=2**40)
+    elif bad == "key" and calls:
+        calls[0] = (calls[0][0], ("not", "there"), calls[0][2])
+    elif calls:
+        calls[-1] = calls[-1][:2]
+    return e
+
+
 def _syncs(rng: random.Random, n: int, junk: bool) -> list:
     """Synchronizes as the hot path records them: calls enqueued (their handles as Horovod
     returns them, alone or with a context), completions observed for some (a handle seen twice:
@@ -173,15 +194,7 @@ def _syncs(rng: random.Random, n: int, junk: bool) -> list:
         rng.shuffle(done)
         e = Allreduces(s, 0, 0, calls, done, t + 9 * 10**6, {})
         if junk and rng.random() < 0.2:
-            bad = rng.choice(["token", "end", "handle", "call"])
-            if bad == "token" and calls:
-                calls[0] = (1.5, *calls[0][1:])
-            elif bad == "end":
-                e = e._replace(end=None)
-            elif bad == "handle":
-                done.append(([1], 5))
-            elif calls:
-                calls[-1] = calls[-1][:2]
+            e = _spoiled(rng, e, ["token", "end", "handle", "call"])
         out.append(e)
     return out
 
@@ -291,19 +304,7 @@ def _sync(rng: random.Random, s: int, model: tuple[dict, list], junk: bool) -> A
     rng.shuffle(done)
     e = Allreduces(s, rng.randrange(2), rng.choice([0, 2]), calls, done, t + 9 * 10**6, meta)
     if junk and rng.random() < 0.15:
-        bad = rng.choice(["token", "end", "handle", "call", "step", "key"])
-        if bad == "token" and calls:
-            calls[0] = (1.5, *calls[0][1:])
-        elif bad == "end":
-            e = e._replace(end=None)
-        elif bad == "handle":
-            done.append(([1], 5))
-        elif bad == "step":
-            e = e._replace(step=2**40)
-        elif bad == "key" and calls:
-            calls[0] = (calls[0][0], ("not", "there"), calls[0][2])
-        elif calls:
-            calls[-1] = calls[-1][:2]
+        e = _spoiled(rng, e, ["token", "end", "handle", "call", "step", "key"])
     return e
 
 

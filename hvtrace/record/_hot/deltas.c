@@ -83,8 +83,10 @@ static int reading_parts(PyObject *r, long long *cpu, PyObject **line) {
     return int_field(c, LLONG_MIN, LLONG_MAX, cpu) < 0 ? -1 : 1;
 }
 
-static int writable(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+/* A C-contiguous column of ``n`` items of ``itemsize`` bytes (``flags``: PyBUF_WRITABLE, or 0
+ * for one only read), else ValueError. */
+static int column(PyObject *obj, Py_buffer *view, int flags, Py_ssize_t itemsize, Py_ssize_t n) {
+    if (PyObject_GetBuffer(obj, view, flags | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (view->itemsize != itemsize || view->len != itemsize * n) {
         PyBuffer_Release(view);
         PyErr_SetString(PyExc_ValueError, "a column has the wrong size");
@@ -138,11 +140,12 @@ static int pair_delta(PyObject *a, PyObject *b, LineMemo *m, long long *cpu, cha
     return 0;
 }
 
-/* Writable columns: ``n`` items of ``itemsize`` bytes each, C-contiguous. */
+/* Columns ``k`` of them, ``n`` items of ``itemsize[i]`` bytes each, C-contiguous (see column;
+ * ``flags``: PyBUF_WRITABLE, or 0); on a failure none is held. */
 static int get_columns(PyObject **cols, Py_buffer *view, const Py_ssize_t *itemsize, int k,
-                       Py_ssize_t n) {
+                       Py_ssize_t n, int flags) {
     for (int i = 0; i < k; i++) {
-        if (writable(cols[i], &view[i], itemsize[i], n) < 0) {
+        if (column(cols[i], &view[i], flags, itemsize[i], n) < 0) {
             while (i--) PyBuffer_Release(&view[i]);
             return -1;
         }
@@ -161,7 +164,7 @@ static PyObject *deltas_into(PyObject *module, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(pairs);
     Py_buffer view[4];
     const Py_ssize_t size[4] = {8, 8, 1, 1};
-    if (get_columns(cols, view, size, 4, n) < 0) return NULL;
+    if (get_columns(cols, view, size, 4, n, PyBUF_WRITABLE) < 0) return NULL;
     long long *cpu = view[0].buf, *runq = view[1].buf;
     char *cpu_ok = view[2].buf, *runq_ok = view[3].buf;
     LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
@@ -282,7 +285,7 @@ static PyObject *rows_into(PyObject *module, PyObject *args) {
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(rows);
     Py_buffer view[14];
-    if (get_columns(cols, view, ROW_COL_SIZES, 14, n) < 0) return NULL;
+    if (get_columns(cols, view, ROW_COL_SIZES, 14, n, PyBUF_WRITABLE) < 0) return NULL;
     RowCols c = row_cols(view);
     LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
     int ok = 1;
@@ -334,17 +337,6 @@ static PyObject *entries_len(PyObject *module, PyObject *args) {
         n += tensors;
     }
     return PyLong_FromSsize_t(n);
-}
-
-/* A read-only C-contiguous column of ``n`` items of ``itemsize`` bytes. */
-static int readable(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t n) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
-    if (view->itemsize != itemsize || view->len != itemsize * n) {
-        PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "a tensor column has the wrong size");
-        return -1;
-    }
-    return 0;
 }
 
 /* The tensor columns of a model's synchronize (writer.BatchEncoder._tensor_columns): per call,
@@ -436,34 +428,22 @@ static PyObject *entries_into(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "entries_into: k_allreduce out of range");
         return NULL;
     }
+    /* per call its tensors (int64); per tensor its name id (int32), bytes (int64), dtype (int8) */
+    static const Py_ssize_t tensor_sizes[4] = {8, 4, 8, 1};
+    Py_ssize_t calls = PyObject_Length(tcols[0]), tensors = PyObject_Length(tcols[1]);
+    if (calls < 0 || tensors < 0) return NULL;
     Py_buffer tview[4];
-    if (PyObject_GetBuffer(tcols[0], &tview[0], PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (tview[0].itemsize != 8 || tview[0].len % 8 != 0) {
+    if (get_columns(tcols, tview, tensor_sizes, 1, calls, 0) < 0) return NULL;
+    if (get_columns(tcols + 1, tview + 1, tensor_sizes + 1, 3, tensors, 0) < 0) {
         PyBuffer_Release(&tview[0]);
-        PyErr_SetString(PyExc_ValueError, "the calls' tensor counts are not int64");
-        return NULL;
-    }
-    Py_ssize_t calls = tview[0].len / 8, tensors = 0;
-    int got = 1; /* the buffers held */
-    if (PyObject_GetBuffer(tcols[1], &tview[1], PyBUF_C_CONTIGUOUS) == 0) {
-        tensors = tview[1].len / 4;
-        got = 2;
-        if (tview[1].itemsize == 4 && readable(tcols[2], &tview[2], 8, tensors) == 0) {
-            got = 3;
-            if (readable(tcols[3], &tview[3], 1, tensors) == 0) got = 4;
-        } else if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_ValueError, "the tensors' name ids are not int32");
-        }
-    }
-    if (got < 4) {
-        while (got--) PyBuffer_Release(&tview[got]);
         return NULL;
     }
     TensorCols t = {tview[0].buf, tview[2].buf, tview[1].buf, tview[3].buf, calls, tensors};
     Py_ssize_t n = PyObject_Length(cols[0]);
     Py_buffer view[14];
     PyObject *ends = NULL, *result = NULL;
-    if (n < 0 || get_columns(cols, view, ROW_COL_SIZES, 14, n) < 0) goto release_t;
+    if (n < 0 || get_columns(cols, view, ROW_COL_SIZES, 14, n, PyBUF_WRITABLE) < 0)
+        goto release_t;
     if ((ends = PyDict_New()) == NULL) goto release;
     RowCols c = row_cols(view);
     LineMemo memo = {{NULL, NULL}, {0, 0}, 0};
@@ -505,7 +485,7 @@ static PyObject *syncs_into(PyObject *module, PyObject *args) {
     }
     Py_buffer view[2];
     const Py_ssize_t size[2] = {8, 8};
-    if (get_columns(cols, view, size, 2, calls) < 0) return NULL;
+    if (get_columns(cols, view, size, 2, calls, PyBUF_WRITABLE) < 0) return NULL;
     int64_t *start = view[0].buf, *stop = view[1].buf;
     PyObject *ends = PyDict_New();
     int ok = ends != NULL;
